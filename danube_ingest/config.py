@@ -1,0 +1,900 @@
+"""Broker configuration: typed models loaded from one YAML file.
+
+Every key is optional (each has a documented default) and unknown keys are errors.
+``config/danube_broker.yml`` is the annotated example, with every key at its default::
+
+    broker:    BrokerSection   identity, listen address, data directory
+    storage:   StorageConfig   mode, wal (+ retention), cache, uploader, cloud
+    limits:    LimitsConfig    per-message and per-topic limits the broker enforces
+    etcd:      EtcdConfig      metadata store
+
+Value syntax:
+
+- String values may reference environment variables: ``${NAME}`` (an error if NAME is unset)
+  or ``${NAME:-default}`` (the default when NAME is unset or empty). ``$${`` is a literal ``${``.
+  Keys are never interpolated, and substituted text is not interpolated again.
+- Sizes (keys ending in ``_bytes``) take a byte count or a number with a unit: ``8MiB``,
+  ``64KiB``, ``1.5GiB`` (powers of 1024) or ``500MB`` (powers of 1000).
+- Durations (keys ending in ``_ms``, ``_seconds``, ``_minutes``) take a number in the unit the key
+  names, or a number with a unit: ``500ms``, ``10s``, ``5m`` (or ``5min``), ``48h``, ``7d``.
+- An empty string (``${VAR:-}`` with VAR unset) means "unset" for keys whose default is null.
+- Relative paths are relative to the working directory; ``~`` is expanded.
+
+Invalid input raises :class:`~danube_ingest.errors.ConfigError` naming the dotted key, e.g.
+``storage.wal.fsync: must be 'always' or 'never' (got 'sometimes')``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+
+from danube_ingest.errors import ConfigError
+
+__all__ = [
+    "BrokerConfig",
+    "BrokerSection",
+    "CacheConfig",
+    "CloudConfig",
+    "EtcdConfig",
+    "LimitsConfig",
+    "RetentionConfig",
+    "StorageConfig",
+    "UploaderConfig",
+    "WalConfig",
+    "load_config",
+    "parse_config",
+    "parse_duration",
+    "parse_size",
+]
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+# --------------------------------------------------------------------------- value parsing
+
+_SIZE_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE_HINT = "use bytes or a number with a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB): '8MiB'"
+
+_DURATION_UNITS: dict[str, Decimal] = {
+    "ms": Decimal("0.001"),
+    "s": Decimal(1),
+    "m": Decimal(60),
+    "min": Decimal(60),
+    "h": Decimal(3600),
+    "d": Decimal(86400),
+}
+_DURATION_HINT = "use a number or a number with a unit (ms, s, m, h, d), e.g. '500ms' or '10s'"
+_UNIT_NAMES = {"ms": "milliseconds", "s": "seconds", "min": "minutes"}
+
+_NUMBER_WITH_UNIT = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[A-Za-z]*)")
+
+
+def _finite_non_negative(amount: Decimal, value: object, what: str, hint: str) -> Decimal:
+    if not amount.is_finite():
+        raise ConfigError(f"invalid {what} {value!r}: {hint}")
+    if amount < 0:
+        raise ConfigError(f"invalid {what} {value!r}: must not be negative")
+    return amount
+
+
+def parse_size(value: str | int | float) -> int:
+    """Return a size in bytes.
+
+    An int is a byte count. A string is a byte count or a number with a unit: ``KB``, ``MB``,
+    ``GB``, ``TB`` are powers of 1000, ``KiB``, ``MiB``, ``GiB``, ``TiB`` powers of 1024; units are
+    case-insensitive and may follow a space (``"1.5 GiB"``). Raises ConfigError for anything else,
+    including negative sizes and fractions of a byte.
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ConfigError(f"invalid size {value!r}: {_SIZE_HINT}")
+    if isinstance(value, str):
+        match = _NUMBER_WITH_UNIT.fullmatch(value.strip())
+        unit = match["unit"].lower() if match else None
+        if match is None or unit not in _SIZE_UNITS:
+            raise ConfigError(f"invalid size {value!r}: {_SIZE_HINT}")
+        amount = Decimal(match["number"]) * _SIZE_UNITS[unit]
+    else:
+        amount = _finite_non_negative(Decimal(value), value, "size", _SIZE_HINT)
+    if amount != amount.to_integral_value():
+        raise ConfigError(f"invalid size {value!r}: not a whole number of bytes")
+    return int(amount)
+
+
+def _duration(value: str | int | float, unit: str) -> Decimal:
+    """The duration ``value`` expressed in ``unit``; a bare number is already in ``unit``."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ConfigError(f"invalid duration {value!r}: {_DURATION_HINT}")
+    if not isinstance(value, str):
+        return _finite_non_negative(Decimal(value), value, "duration", _DURATION_HINT)
+    match = _NUMBER_WITH_UNIT.fullmatch(value.strip())
+    if match is None or (match["unit"] and match["unit"].lower() not in _DURATION_UNITS):
+        raise ConfigError(f"invalid duration {value!r}: {_DURATION_HINT}")
+    amount = Decimal(match["number"])
+    if not match["unit"]:
+        return amount
+    return amount * _DURATION_UNITS[match["unit"].lower()] / _DURATION_UNITS[unit]
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Return a duration in seconds.
+
+    A number is seconds. A string is a number, optionally followed by a unit: ``ms``, ``s``,
+    ``m`` or ``min``, ``h``, ``d`` (``"500ms"``, ``"1.5s"``, ``"48h"``). Raises ConfigError for
+    anything else, including negative durations.
+    """
+    return float(_duration(value, "s"))
+
+
+# ------------------------------------------------------------------ field types (private)
+
+
+def _size_input(value: object) -> object:
+    if isinstance(value, str | int | float):
+        return parse_size(value)
+    return value
+
+
+def _duration_input(unit: str, *, whole: bool) -> BeforeValidator:
+    """Accept a number in ``unit`` or a string with any duration unit; ``whole``: an int field."""
+
+    def convert(value: object) -> object:
+        if not isinstance(value, str | int | float):
+            return value
+        amount = _duration(value, unit)
+        if not whole:
+            return float(amount)
+        if amount != amount.to_integral_value():
+            raise ConfigError(f"must be a whole number of {_UNIT_NAMES[unit]} (got {value!r})")
+        return int(amount)
+
+    return BeforeValidator(convert)
+
+
+def _no_bool(value: object) -> object:
+    # pydantic's lax mode turns true/false into 1/0; for a count that is always a typo.
+    if isinstance(value, bool):
+        raise ConfigError(f"must be a whole number (got {value!r})")
+    return value
+
+
+def _empty_to_none(value: object) -> object:
+    return None if isinstance(value, str) and not value.strip() else value
+
+
+def _expand_path(value: object) -> object:
+    if isinstance(value, str | os.PathLike):
+        text = os.fspath(value)
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigError("must be a non-empty path")
+        return Path(text).expanduser()
+    return value
+
+
+_Bytes = Annotated[int, BeforeValidator(_size_input)]
+_Count = Annotated[int, BeforeValidator(_no_bool)]
+_Millis = Annotated[int, _duration_input("ms", whole=True)]
+_Seconds = Annotated[float, _duration_input("s", whole=False)]
+_WholeSeconds = Annotated[int, _duration_input("s", whole=True)]
+_Minutes = Annotated[int, _duration_input("min", whole=True)]
+_Path = Annotated[Path, BeforeValidator(_expand_path)]
+# Optional keys: "" (e.g. ${VAR:-} with VAR unset) means null. Before-validators run last to
+# first, so _empty_to_none sees the raw value.
+_OptionalStr = Annotated[str | None, BeforeValidator(_empty_to_none)]
+_OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_empty_to_none)]
+_OptionalMinutes = Annotated[
+    int | None, _duration_input("min", whole=True), BeforeValidator(_empty_to_none)
+]
+_OptionalPath = Annotated[
+    Path | None, BeforeValidator(_expand_path), BeforeValidator(_empty_to_none)
+]
+
+
+class _FieldError(ValueError):
+    """A cross-field check failed; ``key`` is the offending key relative to the model."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------- models
+
+
+class BrokerSection(_Section):
+    """Identity and addresses of this broker."""
+
+    broker_id: str = Field(
+        default="broker-1",
+        description=(
+            "Unique id of this broker in the cluster. It names the broker's etcd keys "
+            "(`brokers/{id}`) and its segment objects (`segments/{id}/...`), so it must not "
+            "change across restarts. Letters, digits, '.', '_' and '-'."
+        ),
+    )
+    listen: str = Field(
+        default="127.0.0.1:6650",
+        description=(
+            "Address the Danube gRPC server binds, as host:port (IPv6 as [addr]:port). "
+            "Port 0 picks a free port. 6650 is Danube's client port."
+        ),
+    )
+    advertised_url: _OptionalStr = Field(
+        default=None,
+        description=(
+            "Address clients are sent to when a topic lookup redirects them to this broker, "
+            "e.g. behind a proxy or in Kubernetes. Unset (null): the listen address."
+        ),
+    )
+    data_dir: _Path = Field(
+        default=Path("./data"),
+        description=(
+            "Directory for this broker's local state: the WAL (`{data_dir}/wal` unless "
+            "storage.wal.dir is set) and, with the fs backend, objects (`{data_dir}/objects` "
+            "unless storage.cloud.root is set)."
+        ),
+    )
+
+    @field_validator("broker_id")
+    @classmethod
+    def _check_broker_id(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
+            raise ConfigError(
+                f"must be letters, digits, '.', '_' or '-', starting with a letter or digit "
+                f"(got {value!r})"
+            )
+        return value
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"must be host:port with a port from 0 to 65535 (got {value!r})")
+        return value
+
+
+class RetentionConfig(_Section):
+    """How much WAL is kept on local disk. Pruning never removes data that is not uploaded."""
+
+    min_minutes: _Minutes = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Keep WAL data at least this long, even once it is uploaded and consumed, so readers "
+            "that rewind read local files rather than objects. 0: prune as soon as allowed."
+        ),
+    )
+    min_bytes: _Bytes = Field(
+        default=0,
+        ge=0,
+        description="Keep at least this many bytes of the newest WAL data, however old.",
+    )
+    max_minutes: _OptionalMinutes = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Data older than this is prunable once uploaded, even if a subscription has not "
+            "consumed it yet (that subscription then reads from objects). "
+            "Null: only consumed data is pruned."
+        ),
+    )
+    max_bytes: _Bytes = Field(
+        default=1 * GiB,
+        gt=0,
+        description=(
+            "Most bytes of WAL on disk, all regions together. When it is full, publishes fail "
+            "with a retriable backpressure error until uploads and pruning free space."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> RetentionConfig:
+        if self.min_bytes > self.max_bytes:
+            raise _FieldError("min_bytes", f"must be <= max_bytes ({self.max_bytes})")
+        if self.max_minutes is not None and self.min_minutes > self.max_minutes:
+            raise _FieldError("min_minutes", f"must be <= max_minutes ({self.max_minutes})")
+        return self
+
+
+class WalConfig(_Section):
+    """The write-ahead log: region logs of segment files, group-committed with fdatasync."""
+
+    dir: _OptionalPath = Field(
+        default=None,
+        description="WAL directory. Null: `{broker.data_dir}/wal`. Use a fast local disk.",
+    )
+    fsync: Literal["always", "never"] = Field(
+        default="always",
+        description=(
+            "'always': a reliable publish is acknowledged only after its WAL frame is on disk "
+            "(fdatasync, group commit). 'never': acknowledge after write(), never sync; data in "
+            "the page cache is lost if the machine crashes. For benchmarks only."
+        ),
+    )
+    fsync_interval_ms: _Millis = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Longest time the writer lingers to gather a bigger batch before writing and syncing "
+            "it. 0: flush as soon as the writer is idle (appends that arrive during a sync still "
+            "share the next one)."
+        ),
+    )
+    max_batch_bytes: _Bytes = Field(
+        default=4 * MiB,
+        gt=0,
+        description="Most bytes written with one write() and synced with one fdatasync.",
+    )
+    segment_bytes: _Bytes = Field(
+        default=8 * MiB,
+        ge=64 * KiB,
+        description=(
+            "Seal the active segment file once it reaches this size. Each sealed segment becomes "
+            "one object (one PUT). At least 64KiB."
+        ),
+    )
+    segment_seconds: _Seconds = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Seal the active segment once it is this old, even if no more appends arrive; "
+            "bounds how far the object store lags behind the WAL."
+        ),
+    )
+    index_interval_bytes: _Bytes = Field(
+        default=64 * KiB,
+        gt=0,
+        description=(
+            "Bytes of log between two entries of a topic's offset index. Smaller: shorter scans "
+            "when a reader seeks; larger: smaller index and RegionMeta snapshots."
+        ),
+    )
+    regions: _Count = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Number of region logs; topics are spread over them by name. Each region has its own "
+            "writer and fsync; with one region a single fsync covers every topic."
+        ),
+    )
+    snapshot_on_seal: bool = Field(
+        default=True,
+        description=(
+            "Snapshot RegionMeta (per-topic offsets and index) every time a segment is sealed, "
+            "so recovery only scans the log written after the last seal."
+        ),
+    )
+    retention: RetentionConfig = Field(
+        default_factory=RetentionConfig,
+        description="Local WAL retention (pruning of segment files).",
+    )
+
+    @model_validator(mode="after")
+    def _check_retention(self) -> WalConfig:
+        if self.retention.max_bytes < self.segment_bytes:
+            raise _FieldError(
+                "retention.max_bytes", f"must be >= segment_bytes ({self.segment_bytes})"
+            )
+        return self
+
+
+class CacheConfig(_Section):
+    """In-memory cache of recently appended entries, read before WAL files and objects."""
+
+    max_bytes: _Bytes = Field(
+        default=256 * MiB,
+        gt=0,
+        description="Most bytes of entries cached in memory, all topics together.",
+    )
+    topic_max_bytes: _Bytes = Field(
+        default=8 * MiB,
+        gt=0,
+        description="Most bytes of entries cached for one topic. At most max_bytes.",
+    )
+
+    @model_validator(mode="after")
+    def _check_topic_max(self) -> CacheConfig:
+        if self.topic_max_bytes > self.max_bytes:
+            raise _FieldError("topic_max_bytes", f"must be <= max_bytes ({self.max_bytes})")
+        return self
+
+
+class UploaderConfig(_Section):
+    """Ships each sealed segment to the object store as one object, then records it in etcd."""
+
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "Upload sealed segments (mode wal_cloud only). Off: data stays only in the WAL and, "
+            "never being uploaded, is never pruned."
+        ),
+    )
+    concurrency: _Count = Field(
+        default=4,
+        ge=1,
+        description="Segment uploads in flight at once.",
+    )
+    max_retries: _Count = Field(
+        default=10,
+        ge=0,
+        description=(
+            "Retries of one upload (PUT or manifest commit) before it is reported as failed. "
+            "A segment that is not uploaded is never pruned."
+        ),
+    )
+    retry_base_ms: _Millis = Field(
+        default=100,
+        gt=0,
+        description="Delay before the first retry; it doubles on each further retry.",
+    )
+    retry_max_ms: _Millis = Field(
+        default=10_000,
+        gt=0,
+        description="Longest delay between two retries. At least retry_base_ms.",
+    )
+
+    @model_validator(mode="after")
+    def _check_backoff(self) -> UploaderConfig:
+        if self.retry_max_ms < self.retry_base_ms:
+            raise _FieldError("retry_max_ms", f"must be >= retry_base_ms ({self.retry_base_ms})")
+        return self
+
+
+def _option_text(value: object) -> object:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+# Keys opendal takes that have their own field here; setting them in options would be ambiguous.
+_DEDICATED_CLOUD_KEYS = (
+    "root",
+    "bucket",
+    "endpoint",
+    "region",
+    "access_key_id",
+    "secret_access_key",
+)
+
+
+class CloudConfig(_Section):
+    """Object store (through opendal) that holds segment and topic objects."""
+
+    backend: Literal["fs", "memory", "s3", "gcs"] = Field(
+        default="fs",
+        description=(
+            "'fs': a local or shared directory; 'memory': in-process, lost on exit (tests); "
+            "'s3': S3 or an S3-compatible server; 'gcs': Google Cloud Storage."
+        ),
+    )
+    root: str = Field(
+        default="",
+        description=(
+            "Prefix of every object key: a directory for fs (empty: `{broker.data_dir}/objects`), "
+            "a path inside the bucket for s3 and gcs (empty: the bucket's root). Brokers that "
+            "share a cluster must share the root."
+        ),
+    )
+    bucket: _OptionalStr = Field(
+        default=None,
+        description="Bucket name. Required for s3 and gcs.",
+    )
+    endpoint: _OptionalStr = Field(
+        default=None,
+        description=(
+            "Service URL, for S3-compatible servers (MinIO, moto) or emulators, e.g. "
+            "http://127.0.0.1:9000. Null: the provider's default endpoint."
+        ),
+    )
+    region: _OptionalStr = Field(
+        default=None,
+        description="Bucket region, e.g. us-east-1. Required for s3.",
+    )
+    access_key_id: _OptionalStr = Field(
+        default=None,
+        description=(
+            "S3 access key id, usually `${AWS_ACCESS_KEY_ID}`. "
+            "Null: opendal's default credential chain (environment, profile, instance role)."
+        ),
+    )
+    secret_access_key: _OptionalSecret = Field(
+        default=None,
+        description=(
+            "S3 secret access key, usually `${AWS_SECRET_ACCESS_KEY}`. Never printed in logs "
+            "or errors. Null: opendal's default credential chain."
+        ),
+    )
+    compression: Literal["none", "zstd", "lz4"] = Field(
+        default="zstd",
+        description="Compression of the frames in objects written by this broker.",
+    )
+    options: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Further opendal options for the backend, passed as is, e.g. "
+            "`{enable_virtual_host_style: 'true'}` for s3 or `{credential_path: ...}` for gcs."
+        ),
+    )
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _stringify_options(cls, value: object) -> object:
+        # opendal takes every option as a string; YAML turns `true` and `8` into bool and int.
+        if not isinstance(value, Mapping):
+            return value
+        return {key: _option_text(item) for key, item in value.items()}
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> CloudConfig:
+        for key in _DEDICATED_CLOUD_KEYS:
+            if key in self.options:
+                raise _FieldError(f"options.{key}", f"set storage.cloud.{key} instead")
+        if self.backend in ("s3", "gcs") and self.bucket is None:
+            raise _FieldError("bucket", f"is required when backend is {self.backend!r}")
+        if self.backend == "s3" and self.region is None:
+            raise _FieldError("region", "is required when backend is 's3'")
+        return self
+
+
+class StorageConfig(_Section):
+    """Where published data lives: WAL first, the object store behind it."""
+
+    mode: Literal["wal_cloud", "local_only", "memory"] = Field(
+        default="wal_cloud",
+        description=(
+            "'wal_cloud': WAL on local disk, sealed segments uploaded to the object store. "
+            "'local_only': WAL only; uploader and cloud are not used. "
+            "'memory': nothing on disk, nothing durable (tests and benchmarks)."
+        ),
+    )
+    wal: WalConfig = Field(default_factory=WalConfig, description="Write-ahead log.")
+    cache: CacheConfig = Field(default_factory=CacheConfig, description="Entry cache.")
+    uploader: UploaderConfig = Field(
+        default_factory=UploaderConfig, description="Segment uploader."
+    )
+    cloud: CloudConfig = Field(default_factory=CloudConfig, description="Object store.")
+
+
+class LimitsConfig(_Section):
+    """Limits the broker enforces on clients."""
+
+    max_payload_bytes: _Bytes = Field(
+        # gRPC's default maximum message is 4MiB (4,194,304 bytes); 4,000,000 leaves ~190KB
+        # for the rest of the publish request (attributes, names, framing).
+        default=4_000_000,
+        gt=0,
+        description=(
+            "Largest message payload accepted; larger publishes are rejected. The default stays "
+            "under gRPC's 4MiB message limit."
+        ),
+    )
+    max_attributes: _Count = Field(
+        default=64,
+        ge=0,
+        description="Most attributes (string key/value pairs) on one message.",
+    )
+    max_producers_per_topic: _Count = Field(
+        default=1000,
+        ge=1,
+        description="Most producers connected to one topic at once.",
+    )
+    max_consumers_per_subscription: _Count = Field(
+        default=1000,
+        ge=1,
+        description="Most consumers attached to one subscription at once.",
+    )
+    max_unacked_messages: _Count = Field(
+        default=1000,
+        ge=1,
+        description=(
+            "Most messages delivered to one consumer and not yet acked; dispatch to that "
+            "consumer pauses when it is reached."
+        ),
+    )
+
+
+class EtcdConfig(_Section):
+    """The etcd cluster holding metadata: ownership, manifests, cursors, prune marks."""
+
+    endpoints: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:2379"],
+        min_length=1,
+        description=(
+            "etcd client URLs. A single string is split on commas, so one environment "
+            "variable can carry the whole list."
+        ),
+    )
+    prefix: str = Field(
+        default="/danube",
+        description="Prefix of every key this broker reads or writes. Starts with '/'.",
+    )
+    lease_ttl_seconds: _WholeSeconds = Field(
+        default=10,
+        ge=1,
+        description=(
+            "TTL of the broker's lease. Its registration and topic ownership lapse this long "
+            "after it stops renewing (crash, partition), so other brokers can take over."
+        ),
+    )
+    connect_timeout_seconds: _Seconds = Field(
+        default=5.0,
+        gt=0,
+        description="How long to wait for etcd to answer when connecting.",
+    )
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _split_endpoints(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        if not value.startswith("/") or len(value) < 2 or value.endswith("/"):
+            raise ConfigError(f"must start with '/' and not end with '/' (got {value!r})")
+        return value
+
+
+class BrokerConfig(_Section):
+    """The whole configuration of one broker (one YAML file)."""
+
+    broker: BrokerSection = Field(
+        default_factory=BrokerSection, description="Identity and addresses."
+    )
+    storage: StorageConfig = Field(
+        default_factory=StorageConfig, description="WAL, cache, uploader and object store."
+    )
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Client limits.")
+    etcd: EtcdConfig = Field(default_factory=EtcdConfig, description="Metadata store.")
+
+    def wal_dir(self) -> Path:
+        """The WAL directory: storage.wal.dir, or `{broker.data_dir}/wal` when that is unset."""
+        if self.storage.wal.dir is not None:
+            return self.storage.wal.dir
+        return self.broker.data_dir / "wal"
+
+    def objects_root(self) -> str:
+        """The opendal root: storage.cloud.root, or `{broker.data_dir}/objects` for an fs
+        backend whose root is empty."""
+        cloud = self.storage.cloud
+        if cloud.backend != "fs":
+            return cloud.root
+        if not cloud.root:
+            return str(self.broker.data_dir / "objects")
+        return str(Path(cloud.root).expanduser())
+
+
+# ---------------------------------------------------------------------- loading, errors
+
+_REFERENCE = re.compile(r"\$\$\{|\$\{(?P<body>[^}]*)\}|\$\{")
+_REFERENCE_BODY = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>.*))?", re.DOTALL)
+
+_Loc = tuple[str | int, ...]
+
+
+def _dotted(loc: _Loc) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def _interpolate_str(text: str, loc: _Loc) -> str:
+    def substitute(match: re.Match[str]) -> str:
+        if match[0] == "$${":
+            return "${"
+        body = match["body"]
+        parsed = _REFERENCE_BODY.fullmatch(body) if body is not None else None
+        if parsed is None or "${" in (parsed["default"] or ""):
+            raise ConfigError(
+                f"{_dotted(loc)}: malformed reference in {text!r}; "
+                f"use ${{NAME}} or ${{NAME:-default}} (and $${{ for a literal ${{)"
+            )
+        name, default = parsed["name"], parsed["default"]
+        value = os.environ.get(name)
+        if default is not None:
+            return value if value else default
+        if value is None:
+            raise ConfigError(
+                f"{_dotted(loc)}: environment variable {name} is not set "
+                f"(set it, or give a default: ${{{name}:-default}})"
+            )
+        return value
+
+    return _REFERENCE.sub(substitute, text)
+
+
+def _interpolate(value: object, loc: _Loc) -> object:
+    if isinstance(value, str):
+        return _interpolate_str(value, loc)
+    if isinstance(value, Mapping):
+        return {key: _interpolate(item, (*loc, key)) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(item, (*loc, index)) for index, item in enumerate(value)]
+    return value
+
+
+def _unknown_key_hint(loc: _Loc) -> str:
+    model: type[BaseModel] = BrokerConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        model = annotation
+    allowed = list(model.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    return f" (allowed: {', '.join(allowed)})"
+
+
+def _shown(loc: _Loc, value: object) -> str:
+    if any(isinstance(part, str) and ("secret" in part or part == "options") for part in loc):
+        return "<hidden>"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _describe(error: ErrorDetails) -> str:
+    loc: _Loc = tuple(error["loc"])
+    kind = error["type"]
+    if kind == "value_error":
+        cause = error.get("ctx", {}).get("error")
+        if isinstance(cause, _FieldError):
+            return f"{_dotted((*loc, *cause.key.split('.')))}: {cause.message}"
+        return f"{_dotted(loc)}: {cause if cause is not None else error['msg']}"
+    if kind == "extra_forbidden":
+        return f"{_dotted(loc)}: unknown key{_unknown_key_hint(loc)}"
+    message = error["msg"]
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        message = "must be a mapping of keys"
+    elif kind == "too_short":
+        message = "must not be empty"
+    elif message.startswith("Input should be "):
+        message = "must be " + message.removeprefix("Input should be ")
+    return f"{_dotted(loc)}: {message} (got {_shown(loc, error['input'])})"
+
+
+def _describe_all(exc: ValidationError) -> str:
+    lines = [_describe(error) for error in exc.errors()]
+    if len(lines) == 1:
+        return lines[0]
+    return f"{len(lines)} invalid settings:\n  " + "\n  ".join(lines)
+
+
+def parse_config(data: Mapping[str, Any]) -> BrokerConfig:
+    """Validate raw configuration data (as loaded from YAML) into a BrokerConfig.
+
+    Environment references in string values are substituted first. Missing keys take their
+    defaults. Raises ConfigError naming the dotted key of every invalid or unknown setting.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config must be a mapping of sections (got {type(data).__name__})")
+    interpolated = _interpolate(data, ())
+    try:
+        return BrokerConfig.model_validate(interpolated)
+    except ValidationError as exc:
+        raise ConfigError(_describe_all(exc)) from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that rejects a key repeated in one mapping instead of keeping the last."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[str] = set()
+    for key_node, _ in node.value:
+        if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+            if key_node.value in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
+                )
+            seen.add(key_node.value)
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _read_yaml(path: Path) -> Mapping[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: plain data only
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: must be a mapping of sections (got {type(data).__name__})")
+    return data
+
+
+def _nest_dotted(overrides: Mapping[Any, Any]) -> dict[Any, Any]:
+    nested: dict[Any, Any] = {}
+    for key, value in overrides.items():
+        if isinstance(key, str) and "." in key:
+            *parents, leaf = key.split(".")
+            value = {leaf: value}
+            for parent in reversed(parents):
+                value = {parent: value}
+            nested = _merge(nested, value)
+        else:
+            nested = _merge(nested, {key: value})
+    return nested
+
+
+def _merge(base: Mapping[Any, Any], override: Mapping[Any, Any]) -> dict[Any, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        current = merged.get(key)
+        if isinstance(current, Mapping) and isinstance(value, Mapping):
+            merged[key] = _merge(current, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> BrokerConfig:
+    """Load the configuration from a YAML file, with ``overrides`` merged on top.
+
+    ``path`` None means no file: every key at its default. ``overrides`` is a mapping shaped like
+    the file, merged section by section; a top-level key with dots is a path
+    (``{"storage.wal.fsync": "never"}``). Raises ConfigError, naming the file and the dotted key,
+    for an unreadable file, invalid YAML (including a repeated key), or an invalid setting.
+    """
+    data: Mapping[str, Any] = {} if path is None else _read_yaml(Path(path))
+    if overrides:
+        data = _merge(data, _nest_dotted(overrides))
+    try:
+        return parse_config(data)
+    except ConfigError as exc:
+        if path is None:
+            raise
+        raise ConfigError(f"{os.fspath(path)}: {exc}") from None

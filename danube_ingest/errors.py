@@ -1,0 +1,109 @@
+"""Exceptions raised by danube_ingest.
+
+Every error carries ``retriable``: ``True`` when the same call may succeed later without
+anyone changing anything (a full disk that is being drained, an unreachable server), ``False``
+when retrying cannot help (bad input, corruption, a closed object). Retry policy reads this flag,
+never the message text.
+
+::
+
+    DanubeIngestError
+     ├── ConfigError                  invalid configuration; the message names the key
+     └── StorageError
+          ├── FrameError               bytes that are not a valid frame
+          │    ├── TruncatedFrameError  fewer bytes than the frame claims (a torn tail)
+          │    └── CorruptFrameError    CRC or header mismatch
+          ├── WalCorruptionError       a WAL file is damaged; names the file and byte position
+          ├── WalClosedError           the log was closed
+          ├── WalFailedError           a write or fsync failed; the log refuses further appends
+          ├── WalBackpressureError     the WAL is full (retention limit); retriable
+          ├── OffsetOutOfRangeError    a reader asked for an offset that is no longer retained
+          └── PayloadTooLargeError     an entry larger than the configured maximum
+"""
+
+from __future__ import annotations
+
+
+class DanubeIngestError(Exception):
+    """Root of every error raised by danube_ingest."""
+
+    retriable: bool = False
+
+
+class ConfigError(DanubeIngestError, ValueError):
+    """The configuration is invalid. The message names the offending key."""
+
+
+class StorageError(DanubeIngestError):
+    """Root of the storage layer's errors (WAL, cache, topic store)."""
+
+
+class FrameError(StorageError):
+    """Bytes that do not decode as a frame.
+
+    ``position`` is the byte offset of the frame within the buffer or file that was decoded.
+    """
+
+    def __init__(self, message: str, position: int = 0) -> None:
+        super().__init__(message)
+        self.position = position
+
+
+class TruncatedFrameError(FrameError):
+    """The buffer ends before the frame does: the tail of a log torn by a crash."""
+
+
+class CorruptFrameError(FrameError):
+    """A frame whose header or body CRC32C does not match, or whose fields are invalid."""
+
+
+class WalCorruptionError(StorageError):
+    """A WAL segment is damaged somewhere other than its torn tail.
+
+    The log refuses to open. ``danube-ingest wal verify`` shows the damage and
+    ``danube-ingest wal repair`` truncates the log at ``position`` (losing what follows).
+    """
+
+    def __init__(self, path: str, position: int, reason: str) -> None:
+        super().__init__(
+            f"WAL corruption in {path} at byte {position}: {reason}; "
+            f"inspect with 'danube-ingest wal verify', truncate with 'danube-ingest wal repair'"
+        )
+        self.path = path
+        self.position = position
+        self.reason = reason
+
+
+class WalClosedError(StorageError):
+    """The log (or the store on top of it) has been closed."""
+
+
+class WalFailedError(StorageError):
+    """A write or fdatasync failed. Nothing after the failure was acknowledged.
+
+    After a failed fsync the page cache can no longer be trusted, so the log stops accepting
+    appends until it is reopened (which re-runs recovery from what is really on disk).
+    """
+
+
+class WalBackpressureError(StorageError):
+    """The WAL holds as much as its retention allows; try again once uploads catch up."""
+
+    retriable = True
+
+
+class OffsetOutOfRangeError(StorageError):
+    """A reader asked for an offset below the topic's first retained offset."""
+
+    def __init__(self, topic: str, offset: int, first_offset: int) -> None:
+        super().__init__(
+            f"offset {offset} of topic {topic} is no longer retained "
+            f"(first retained offset is {first_offset})"
+        )
+        self.topic = topic
+        self.offset = offset
+        self.first_offset = first_offset
+
+
+class PayloadTooLargeError(StorageError):
+    """An entry exceeds the configured maximum size; nothing was stored."""

@@ -1,0 +1,131 @@
+"""WALCache: the most recent durable entries of each topic, in memory, bounded in bytes.
+
+Each topic keeps a contiguous run of its newest entries (a suffix of its log) as the blocks in
+which they were committed, so a reader positioned anywhere in that run is served without
+touching segment files. Two bounds hold at all times: ``topic_max_bytes`` per topic and
+``max_bytes`` over all topics (the least recently appended topics give up their oldest blocks
+first). A block's size is the size of the WAL frame its entries were written in, which counts
+payloads, header fields and producer names; a block is evicted whole.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from danube_ingest.wal.framing import Entry
+from danube_ingest.wal.meta import TopicMeta
+
+#: Drop evicted list slots in one go once this many have accumulated.
+_COMPACT_AFTER = 1024
+
+
+class _TopicCache:
+    __slots__ = ("blocks", "firsts", "head", "nbytes", "next_offset", "sizes")
+
+    def __init__(self) -> None:
+        self.blocks: list[Sequence[Entry]] = []
+        self.firsts: list[int] = []
+        self.sizes: list[int] = []
+        self.head = 0
+        self.nbytes = 0
+        self.next_offset = -1
+
+    def evict_one(self) -> int:
+        head = self.head
+        size = self.sizes[head]
+        self.blocks[head] = ()
+        self.head = head + 1
+        self.nbytes -= size
+        if self.head >= _COMPACT_AFTER and self.head * 2 >= len(self.blocks):
+            del self.blocks[: self.head]
+            del self.firsts[: self.head]
+            del self.sizes[: self.head]
+            self.head = 0
+        return size
+
+    def clear(self) -> None:
+        self.blocks = []
+        self.firsts = []
+        self.sizes = []
+        self.head = 0
+        self.nbytes = 0
+
+    @property
+    def nblocks(self) -> int:
+        return len(self.blocks) - self.head
+
+
+class WALCache:
+    """Per-topic cache of recent entries. Not thread-safe: used from the event loop."""
+
+    def __init__(self, max_bytes: int, topic_max_bytes: int) -> None:
+        if topic_max_bytes > max_bytes:
+            raise ValueError("topic_max_bytes must not exceed max_bytes")
+        self.max_bytes = max_bytes
+        self.topic_max_bytes = topic_max_bytes
+        self.nbytes = 0
+        self._topics: OrderedDict[TopicMeta, _TopicCache] = OrderedDict()
+
+    def extend(self, topic: TopicMeta, entries: Sequence[Entry], nbytes: int) -> None:
+        """Add ``entries`` (consecutive offsets, ``nbytes`` encoded) as ``topic``'s newest."""
+        cache = self._topics.get(topic)
+        if cache is None:
+            cache = self._topics[topic] = _TopicCache()
+        else:
+            self._topics.move_to_end(topic)
+        first = entries[0].offset
+        if cache.next_offset != first:
+            self.nbytes -= cache.nbytes
+            cache.clear()
+        cache.blocks.append(entries)
+        cache.firsts.append(first)
+        cache.sizes.append(nbytes)
+        cache.next_offset = first + len(entries)
+        cache.nbytes += nbytes
+        self.nbytes += nbytes
+        limit = self.topic_max_bytes
+        while cache.nbytes > limit and cache.nblocks > 1:
+            self.nbytes -= cache.evict_one()
+        if self.nbytes > self.max_bytes:
+            self._evict_global(cache)
+
+    def _evict_global(self, newest: _TopicCache) -> None:
+        for other in list(self._topics.values()):
+            keep = 1 if other is newest else 0
+            while self.nbytes > self.max_bytes and other.nblocks > keep:
+                self.nbytes -= other.evict_one()
+            if self.nbytes <= self.max_bytes:
+                return
+
+    def read(self, topic: TopicMeta, offset: int, limit: int) -> list[Entry]:
+        """Up to ``limit`` cached entries from ``offset`` on; empty if ``offset`` is not cached."""
+        cache = self._topics.get(topic)
+        if cache is None or cache.nblocks == 0 or offset >= cache.next_offset:
+            return []
+        firsts = cache.firsts
+        i = bisect_right(firsts, offset, cache.head) - 1
+        if i < cache.head:
+            return []
+        blocks = cache.blocks
+        block = blocks[i]
+        start = offset - firsts[i]
+        out = list(block[start : start + limit])
+        i += 1
+        while len(out) < limit and i < len(blocks):
+            out.extend(blocks[i][: limit - len(out)])
+            i += 1
+        return out
+
+    def first_offset(self, topic: TopicMeta) -> int | None:
+        """The oldest cached offset of ``topic``, or None when nothing is cached."""
+        cache = self._topics.get(topic)
+        if cache is None or cache.nblocks == 0:
+            return None
+        return cache.firsts[cache.head]
+
+    def drop(self, topic: TopicMeta) -> None:
+        cache = self._topics.pop(topic, None)
+        if cache is not None:
+            self.nbytes -= cache.nbytes

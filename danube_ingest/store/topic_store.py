@@ -1,0 +1,340 @@
+"""TopicStore: append to topics and read them back from any retained offset.
+
+Guarantees:
+
+* ``append`` returns the entry's offset once it is durable (per ``wal.fsync``). Offsets of a
+  topic are consecutive from 0 and continue across restarts.
+* A reader from ``from_offset`` yields every entry of the topic from that offset on, in offset
+  order, with no gap and no duplicate, whether it comes from segment files, the cache or live
+  appends; it only ever sees durable entries.
+* Readers pull: a reader holds at most ``max_batch`` entries (plus one segment read buffer),
+  so a slow reader costs only its own buffer and never stalls the writer or other readers.
+* Below the topic's first retained offset a reader raises ``OffsetOutOfRangeError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from crc32c import crc32c
+
+from danube_ingest.errors import (
+    CorruptFrameError,
+    OffsetOutOfRangeError,
+    TruncatedFrameError,
+    WalClosedError,
+    WalCorruptionError,
+)
+from danube_ingest.store.cache import WALCache
+from danube_ingest.wal.framing import Entry, Kind, batch_header, decode_frame, decode_messages
+from danube_ingest.wal.log import FsyncMode, RegionLog, Sealed
+from danube_ingest.wal.meta import TopicMeta
+
+#: Bytes read from a segment file per call while catching up.
+READ_CHUNK_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    region: str
+    first_offset: int
+    """Oldest offset still readable."""
+    high_watermark: int
+    """Every offset below this is durable; the next append gets at least this offset."""
+    last_ingest_ms: int
+
+
+class TopicStore:
+    """Topics over one or more region logs, with a WALCache in front of them."""
+
+    def __init__(self, regions: list[RegionLog], cache: WALCache) -> None:
+        self._regions = regions
+        self._cache = cache
+        self._topic_region: dict[str, RegionLog] = {}
+        for region in regions:
+            for topic in region.topics():
+                self._topic_region[topic.name] = region
+            region.on_durable = self._on_durable
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        wal_dir: Path | str | None,
+        *,
+        regions: int = 1,
+        fsync: FsyncMode = "always",
+        fsync_interval_ms: int = 0,
+        max_batch_bytes: int = 4 * 1024 * 1024,
+        segment_bytes: int = 8 * 1024 * 1024,
+        segment_seconds: float = 10.0,
+        index_interval: int = 64 * 1024,
+        max_entry_bytes: int = 64 * 1024 * 1024,
+        cache_max_bytes: int = 256 * 1024 * 1024,
+        cache_topic_max_bytes: int = 8 * 1024 * 1024,
+    ) -> TopicStore:
+        """Open (recovering) a store under ``wal_dir``; ``None`` keeps everything in memory."""
+        logs = []
+        for i in range(regions):
+            region_dir = None if wal_dir is None else Path(wal_dir) / f"r{i}"
+            logs.append(
+                await RegionLog.open(
+                    region_dir,
+                    region=f"r{i}",
+                    fsync=fsync,
+                    fsync_interval_ms=fsync_interval_ms,
+                    max_batch_bytes=max_batch_bytes,
+                    segment_bytes=segment_bytes,
+                    segment_seconds=segment_seconds,
+                    index_interval=index_interval,
+                    max_entry_bytes=max_entry_bytes,
+                )
+            )
+        return cls(logs, WALCache(cache_max_bytes, cache_topic_max_bytes))
+
+    # -- topics ----------------------------------------------------------------------------
+
+    def _region(self, topic: str) -> RegionLog:
+        region = self._topic_region.get(topic)
+        if region is None:
+            if self._closed:
+                raise WalClosedError("topic store is closed")
+            region = self._regions[crc32c(topic.encode()) % len(self._regions)]
+            self._topic_region[topic] = region
+        return region
+
+    def info(self, topic: str) -> TopicInfo | None:
+        region = self._topic_region.get(topic)
+        meta = region.topic(topic) if region is not None else None
+        if region is None or meta is None:
+            return None
+        return TopicInfo(topic, region.region, meta.first_offset, meta.hwm, meta.last_ingest_ms)
+
+    def topics(self) -> list[str]:
+        return sorted(self._topic_region)
+
+    @property
+    def regions(self) -> list[RegionLog]:
+        return list(self._regions)
+
+    @property
+    def cache(self) -> WALCache:
+        return self._cache
+
+    def set_sealed_callback(self, callback: object) -> None:
+        for region in self._regions:
+            region.on_sealed = callback  # type: ignore[assignment]
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def append(self, topic: str, entry: Entry) -> Awaitable[int]:
+        """Append one entry: ``offset = await store.append(topic, entry)``.
+
+        The entry is staged before this returns (its offset is assigned, so appends are ordered
+        by call, and an un-awaited append is still written); awaiting returns the offset once
+        the entry is durable, or raises the write's error. Cancelling the await does not
+        withdraw the entry.
+        """
+        region = self._topic_region.get(topic)
+        if region is None:
+            region = self._region(topic)
+        region.stage(topic, entry)
+        return entry
+
+    async def append_batch(self, topic: str, entries: Sequence[Entry]) -> range:
+        """Append entries of one topic in one call; return their offsets once all are durable."""
+        if not entries:
+            return range(0)
+        await self._region(topic).stage_batch(topic, entries)
+        return range(entries[0].offset, entries[-1].offset + 1)
+
+    async def advance_time(self, topic: str) -> None:
+        """Durably mark that ``topic`` will get no entry with an ingest time before now."""
+        await self._region(topic).stage_time_marker(topic)
+
+    def _on_durable(self, groups: list[tuple[TopicMeta, list[Entry], int]]) -> None:
+        cache = self._cache
+        for topic, entries, nbytes in groups:
+            cache.extend(topic, entries, nbytes)
+            waiters = topic.waiters
+            if waiters:
+                topic.waiters = []
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def create_reader(self, topic: str, from_offset: int, *, max_batch: int = 1024) -> TopicReader:
+        """A reader yielding ``topic``'s entries from ``from_offset`` on (see module docs)."""
+        region = self._region(topic)
+        return TopicReader(self, region, region.ensure_topic(topic), from_offset, max_batch)
+
+    async def close(self) -> None:
+        """Flush and close every region; readers end. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for region in self._regions:
+            await region.close()
+            for topic in region.topics():
+                waiters, topic.waiters = topic.waiters, []
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+
+
+class TopicReader:
+    """Async iterator over one topic's entries from a starting offset. See :class:`TopicStore`."""
+
+    def __init__(
+        self,
+        store: TopicStore,
+        region: RegionLog,
+        topic: TopicMeta,
+        from_offset: int,
+        max_batch: int,
+    ) -> None:
+        if from_offset < 0:
+            raise ValueError(f"from_offset must be >= 0, got {from_offset}")
+        self._store = store
+        self._region = region
+        self._topic = topic
+        self._next = from_offset
+        self._max_batch = max_batch
+        self._buffer: list[Entry] = []
+        self._buffer_pos = 0
+        self._closed = False
+
+    @property
+    def position(self) -> int:
+        """The offset of the next entry this reader yields."""
+        if self._buffer_pos < len(self._buffer):
+            return self._buffer[self._buffer_pos].offset
+        return self._next
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __aiter__(self) -> TopicReader:
+        return self
+
+    async def __anext__(self) -> Entry:
+        if self._buffer_pos >= len(self._buffer):
+            batch = await self.next_batch()
+            if not batch:
+                raise StopAsyncIteration
+            self._buffer = batch
+            self._buffer_pos = 0
+        entry = self._buffer[self._buffer_pos]
+        self._buffer_pos += 1
+        return entry
+
+    async def next_batch(self) -> list[Entry]:
+        """The next entries (at least one, at most ``max_batch``); empty once the store closed.
+
+        Waits for new appends when the reader has caught up.
+        """
+        if self._buffer_pos < len(self._buffer):
+            rest = self._buffer[self._buffer_pos :]
+            self._buffer = []
+            self._buffer_pos = 0
+            return rest
+        topic = self._topic
+        store = self._store
+        while True:
+            if self._closed or store._closed:
+                return []
+            nxt = self._next
+            if nxt < topic.first_offset:
+                raise OffsetOutOfRangeError(topic.name, nxt, topic.first_offset)
+            hwm = topic.hwm
+            if nxt < hwm:
+                batch = store._cache.read(topic, nxt, self._max_batch)
+                if not batch:
+                    cached_from = store._cache.first_offset(topic)
+                    limit = hwm if cached_from is None or cached_from < nxt else cached_from
+                    batch = await self._read_segments(nxt, limit)
+                if batch:
+                    self._next = batch[-1].offset + 1
+                    return batch
+                continue
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            topic.waiters.append(waiter)
+            await waiter
+
+    async def _read_segments(self, nxt: int, limit: int) -> list[Entry]:
+        """Entries [nxt, limit) from segment files, at most ``max_batch`` of them."""
+        topic = self._topic
+        out: list[Entry] = []
+        while len(out) < self._max_batch and nxt < limit:
+            located = topic.locate(nxt)
+            if located is None:
+                if nxt < topic.first_offset:
+                    raise OffsetOutOfRangeError(topic.name, nxt, topic.first_offset)
+                raise WalCorruptionError(
+                    str(self._region.region_dir), 0, f"offset {nxt} of {topic.name} not indexed"
+                )
+            span, position = located
+            stop = min(limit, span.last_offset + 1)
+            got = await self._scan_segment(span.seq, position, nxt, stop, out)
+            if got == 0:
+                raise WalCorruptionError(
+                    f"{self._region.region_dir}/segment {span.seq}",
+                    position,
+                    f"offset {nxt} of topic {topic.name} not found where the index points",
+                )
+            nxt += got
+        return out
+
+    async def _scan_segment(
+        self, seq: int, position: int, nxt: int, stop: int, out: list[Entry]
+    ) -> int:
+        """Append entries [nxt, stop) of segment ``seq`` to ``out`` (up to ``max_batch``)."""
+        topic_id = self._topic.topic_id
+        region = self._region
+        start_nxt = nxt
+        read_size = READ_CHUNK_BYTES
+        while nxt < stop and len(out) < self._max_batch:
+            data = await region.read(seq, position, read_size)
+            if not data:
+                break
+            view = memoryview(data)
+            p = 0
+            while p < len(data) and nxt < stop and len(out) < self._max_batch:
+                try:
+                    frame = decode_frame(view, p)
+                except TruncatedFrameError:
+                    break
+                except CorruptFrameError as exc:
+                    path = f"{region.region_dir}/segment {seq}"
+                    raise WalCorruptionError(path, position + p, str(exc)) from exc
+                p = frame.end
+                if frame.kind != Kind.MESSAGES:
+                    continue
+                header = batch_header(frame.body)
+                if header.topic_id != topic_id:
+                    continue
+                if header.base_offset + header.num_entries <= nxt:
+                    continue
+                _, entries = decode_messages(frame.body)
+                first = nxt - header.base_offset
+                take = entries[first : first + min(self._max_batch - len(out), stop - nxt)]
+                out.extend(take)
+                nxt += len(take)
+            if p == 0:
+                if len(data) < read_size:
+                    raise WalCorruptionError(
+                        f"{region.region_dir}/segment {seq}", position, "truncated frame"
+                    )
+                read_size *= 2  # a frame larger than the read buffer: read it whole
+                continue
+            position += p
+        return nxt - start_nxt
+
+
+__all__ = ["Sealed", "TopicInfo", "TopicReader", "TopicStore"]

@@ -1,0 +1,16 @@
+"""The region write-ahead log: framing, segments, group commit, snapshots and recovery."""
+
+from danube_ingest.wal.framing import Entry, Kind
+from danube_ingest.wal.log import RegionLog, Sealed
+from danube_ingest.wal.recovery import RegionState, recover_region, repair_region, verify_region
+
+__all__ = [
+    "Entry",
+    "Kind",
+    "RegionLog",
+    "RegionState",
+    "Sealed",
+    "recover_region",
+    "repair_region",
+    "verify_region",
+]

@@ -1,0 +1,229 @@
+"""RegionMeta: per-topic state of one region log, and its atomic snapshot.
+
+Per topic the region keeps the next offset to assign, the high watermark (every offset below
+it is durable), the first retained offset, the last ingest time, an optional prune mark, and a
+sparse index: for every segment holding the topic, a :class:`SegSpan` with the segment's offset
+range and (offset, byte position) pairs at most ``index_interval_bytes`` apart.
+
+The snapshot is a JSON document written atomically (tmp file, fsync, rename, directory fsync) at
+segment seals. It records the state through the end of segment ``next_seq - 1``; recovery loads
+it and scans segments from ``next_seq`` on. Segment files are the source of truth: a missing or
+unreadable snapshot only makes recovery scan more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SNAPSHOT_NAME = "meta.json"
+SNAPSHOT_VERSION = 1
+
+
+@dataclass(slots=True)
+class SegSpan:
+    """The offsets of one topic held by one segment."""
+
+    seq: int
+    first_offset: int
+    last_offset: int
+    first_ingest_ms: int
+    last_ingest_ms: int
+    index: list[tuple[int, int]] = field(default_factory=list)
+    """(offset, byte position of the MESSAGES frame holding that offset), ascending."""
+
+    def to_json(self) -> list[Any]:
+        return [
+            self.seq,
+            self.first_offset,
+            self.last_offset,
+            self.first_ingest_ms,
+            self.last_ingest_ms,
+            [list(pair) for pair in self.index],
+        ]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> SegSpan:
+        seq, first, last, first_ms, last_ms, index = data
+        return cls(seq, first, last, first_ms, last_ms, [(int(o), int(p)) for o, p in index])
+
+
+class TopicMeta:
+    """State of one topic within a region.
+
+    ``next_offset`` counts assigned offsets (some may not be durable yet); ``hwm`` counts durable
+    ones. Both only grow. ``last_ingest_ms`` never decreases.
+    """
+
+    __slots__ = (
+        "first_offset",
+        "hwm",
+        "last_index_pos",
+        "last_ingest_ms",
+        "name",
+        "next_offset",
+        "prune_mark",
+        "spans",
+        "topic_id",
+        "waiters",
+    )
+
+    def __init__(self, name: str, topic_id: int, next_offset: int = 0) -> None:
+        self.name = name
+        self.topic_id = topic_id
+        self.next_offset = next_offset
+        self.hwm = next_offset
+        self.first_offset = next_offset
+        self.last_ingest_ms = 0
+        self.prune_mark: int | None = None
+        self.spans: list[SegSpan] = []
+        self.last_index_pos = -1
+        self.waiters: list[Any] = []
+
+    def note_frame(
+        self,
+        seq: int,
+        position: int,
+        base_offset: int,
+        count: int,
+        first_ms: int,
+        last_ms: int,
+        index_interval: int,
+    ) -> None:
+        """Record that offsets [base_offset, base_offset + count) sit in a frame at ``position``."""
+        last = base_offset + count - 1
+        spans = self.spans
+        if spans and spans[-1].seq == seq:
+            span = spans[-1]
+            span.last_offset = last
+            span.last_ingest_ms = last_ms
+            if position - self.last_index_pos >= index_interval:
+                span.index.append((base_offset, position))
+                self.last_index_pos = position
+        else:
+            spans.append(
+                SegSpan(seq, base_offset, last, first_ms, last_ms, [(base_offset, position)])
+            )
+            self.last_index_pos = position
+
+    def locate(self, offset: int) -> tuple[SegSpan, int] | None:
+        """The span holding ``offset`` and the position of a frame at or before it there."""
+        spans = self.spans
+        lo, hi = 0, len(spans)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if spans[mid].last_offset < offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == len(spans) or spans[lo].first_offset > offset:
+            return None
+        span = spans[lo]
+        index = span.index
+        lo, hi = 0, len(index)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if index[mid][0] <= offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return span, index[max(lo - 1, 0)][1]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "id": self.topic_id,
+            "next_offset": self.next_offset,
+            "first_offset": self.first_offset,
+            "last_ingest_ms": self.last_ingest_ms,
+            "prune_mark": self.prune_mark,
+            "spans": [span.to_json() for span in self.spans],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TopicMeta:
+        topic = cls(str(data["name"]), int(data["id"]), int(data["next_offset"]))
+        topic.first_offset = int(data["first_offset"])
+        topic.last_ingest_ms = int(data["last_ingest_ms"])
+        topic.prune_mark = data.get("prune_mark")
+        topic.spans = [SegSpan.from_json(s) for s in data["spans"]]
+        return topic
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """The durable state of a region through the end of segment ``next_seq - 1``."""
+
+    region: str
+    next_seq: int
+    next_topic_id: int
+    topics: list[dict[str, Any]]
+    uploaded: list[int] = field(default_factory=list)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {
+                "version": SNAPSHOT_VERSION,
+                "region": self.region,
+                "next_seq": self.next_seq,
+                "next_topic_id": self.next_topic_id,
+                "uploaded": self.uploaded,
+                "topics": self.topics,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Snapshot:
+        doc = json.loads(data)
+        if doc.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"unsupported snapshot version {doc.get('version')!r}")
+        return cls(
+            region=str(doc["region"]),
+            next_seq=int(doc["next_seq"]),
+            next_topic_id=int(doc["next_topic_id"]),
+            topics=list(doc["topics"]),
+            uploaded=[int(s) for s in doc.get("uploaded", [])],
+        )
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (created, renamed or removed files) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_snapshot(directory: Path, snapshot: Snapshot) -> None:
+    write_atomic(directory / SNAPSHOT_NAME, snapshot.to_bytes())
+
+
+def read_snapshot(directory: Path) -> Snapshot | None:
+    """The region's snapshot, or None when there is none or it cannot be read."""
+    try:
+        return Snapshot.from_bytes((directory / SNAPSHOT_NAME).read_bytes())
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError):
+        return None
