@@ -21,6 +21,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from danube_ingest.config import BrokerConfig
 from danube_ingest.errors import (
     CorruptFrameError,
     OffsetOutOfRangeError,
@@ -96,6 +97,25 @@ class TopicStore:
             )
         return cls(logs, WALCache(cache_max_bytes, cache_topic_max_bytes))
 
+    @classmethod
+    async def from_config(cls, config: BrokerConfig) -> TopicStore:
+        """Open the store described by ``config.storage`` (``mode: memory`` keeps no files)."""
+        wal = config.storage.wal
+        cache = config.storage.cache
+        return await cls.open(
+            None if config.storage.mode == "memory" else config.wal_dir(),
+            regions=wal.regions,
+            fsync=wal.fsync,
+            fsync_interval_ms=int(wal.fsync_interval_ms),
+            max_batch_bytes=wal.max_batch_bytes,
+            segment_bytes=wal.segment_bytes,
+            segment_seconds=float(wal.segment_seconds),
+            index_interval=wal.index_interval_bytes,
+            max_entry_bytes=config.limits.max_payload_bytes,
+            cache_max_bytes=cache.max_bytes,
+            cache_topic_max_bytes=cache.topic_max_bytes,
+        )
+
     # -- topics ----------------------------------------------------------------------------
 
     def _region(self, topic: str) -> RegionLog:
@@ -156,10 +176,25 @@ class TopicStore:
         """Durably mark that ``topic`` will get no entry with an ingest time before now."""
         await self._region(topic).stage_time_marker(topic)
 
+    async def ensure_topic(self, topic: str, *, min_next_offset: int = 0) -> TopicInfo:
+        """Create ``topic`` if needed; make its next offset at least ``min_next_offset``.
+
+        A jump is durable before this returns; the offsets jumped over never exist and readers
+        pass over them.
+        """
+        region = self._region(topic)
+        meta = region.topic(topic)
+        if meta is None or meta.next_offset < min_next_offset:
+            await region.stage_time_marker(topic, min_next_offset=min_next_offset)
+        info = self.info(topic)
+        assert info is not None
+        return info
+
     def _on_durable(self, groups: list[tuple[TopicMeta, list[Entry], int]]) -> None:
         cache = self._cache
         for topic, entries, nbytes in groups:
-            cache.extend(topic, entries, nbytes)
+            if entries:
+                cache.extend(topic, entries, nbytes)
             waiters = topic.waiters
             if waiters:
                 topic.waiters = []
@@ -276,28 +311,35 @@ class TopicReader:
             if located is None:
                 if nxt < topic.first_offset:
                     raise OffsetOutOfRangeError(topic.name, nxt, topic.first_offset)
-                raise WalCorruptionError(
-                    str(self._region.region_dir), 0, f"offset {nxt} of {topic.name} not indexed"
-                )
+                # No entry at or after nxt below the high watermark: a jump at the end.
+                nxt = limit
+                break
             span, position = located
+            if span.first_offset > nxt:
+                # Offsets [nxt, span.first_offset) were jumped over: they never existed.
+                nxt = span.first_offset
+                if out or nxt >= limit:
+                    break
             stop = min(limit, span.last_offset + 1)
-            got = await self._scan_segment(span.seq, position, nxt, stop, out)
-            if got == 0:
+            reached = await self._scan_segment(span.seq, position, nxt, stop, out)
+            if reached == nxt:
                 raise WalCorruptionError(
                     f"{self._region.region_dir}/segment {span.seq}",
                     position,
                     f"offset {nxt} of topic {topic.name} not found where the index points",
                 )
-            nxt += got
+            nxt = reached
+        if not out:
+            self._next = max(self._next, nxt)  # passed over jumped offsets only
         return out
 
     async def _scan_segment(
         self, seq: int, position: int, nxt: int, stop: int, out: list[Entry]
     ) -> int:
-        """Append entries [nxt, stop) of segment ``seq`` to ``out`` (up to ``max_batch``)."""
+        """Append entries [nxt, stop) of segment ``seq`` to ``out`` (up to ``max_batch``);
+        return the offset reached (past jumped-over offsets too)."""
         topic_id = self._topic.topic_id
         region = self._region
-        start_nxt = nxt
         read_size = READ_CHUNK_BYTES
         while nxt < stop and len(out) < self._max_batch:
             data = await region.read(seq, position, read_size)
@@ -321,6 +363,10 @@ class TopicReader:
                     continue
                 if header.base_offset + header.num_entries <= nxt:
                     continue
+                if header.base_offset > nxt:
+                    nxt = min(header.base_offset, stop)  # offsets jumped over
+                    if nxt >= stop:
+                        break
                 _, entries = decode_messages(frame.body)
                 first = nxt - header.base_offset
                 take = entries[first : first + min(self._max_batch - len(out), stop - nxt)]
@@ -334,7 +380,7 @@ class TopicReader:
                 read_size *= 2  # a frame larger than the read buffer: read it whole
                 continue
             position += p
-        return nxt - start_nxt
+        return nxt
 
 
 __all__ = ["Sealed", "TopicInfo", "TopicReader", "TopicStore"]

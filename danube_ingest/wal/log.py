@@ -67,6 +67,7 @@ CHUNK_ENTRIES = 256
 _WRITEV_MAX_PIECES = 64
 
 #: Called with (topic, entries, encoded bytes) groups once they are durable, in offset order.
+#: A TIME marker appears as (topic, [], next offset after the marker).
 DurableCallback = Callable[[list[tuple[TopicMeta, list[Entry], int]]], None]
 
 
@@ -406,13 +407,22 @@ class RegionLog:
         self._pending_bytes += total
         return batch
 
-    def stage_time_marker(self, name: str) -> _Batch:
-        """Durably record that ``name`` will get no entry with an ingest time below now."""
-        self._check_open()
+    def stage_time_marker(self, name: str, *, min_next_offset: int = 0) -> _Batch:
+        """Durably record that ``name`` will get no entry with an ingest time below now.
+
+        With ``min_next_offset`` above the topic's next offset, the topic's offsets also jump
+        there (a new owner continuing a topic whose earlier offsets live elsewhere): the skipped
+        offsets never exist, readers pass over them.
+        """
+        batch = self._future()
         topic = self.ensure_topic(name)
-        topic.last_ingest_ms = max(topic.last_ingest_ms, int(time.time() * 1000))
+        topic.last_ingest_ms = max(topic.last_ingest_ms, self._batch_ms)
+        if min_next_offset > topic.next_offset:
+            topic.next_offset = min_next_offset
+            if not topic.spans and topic.hwm == topic.first_offset:
+                topic.first_offset = min_next_offset
         self._pending_markers.append(topic)
-        return self._future()
+        return batch
 
     # -- sequencer (event loop side) -------------------------------------------------------
 
@@ -477,6 +487,7 @@ class RegionLog:
             frame = time_frame(topic.topic_id, topic.next_offset, topic.last_ingest_ms)
             pieces.append(frame)
             position += len(frame)
+            out_groups.append((topic, [], topic.next_offset))
         if pending or markers:
             self._segment_has_data = True
         chunk.seq = seq
@@ -549,8 +560,11 @@ class RegionLog:
         for chunk in chunks:
             self.segment_sizes[chunk.seq] = chunk.end
             groups = chunk.groups
-            for topic, entries, _size in groups:
-                topic.hwm = entries[-1].offset + 1
+            for topic, entries, size in groups:
+                if entries:
+                    topic.hwm = entries[-1].offset + 1
+                elif size > topic.hwm:
+                    topic.hwm = size  # a TIME marker: the group carries the topic's next offset
             if on_durable is not None and groups:
                 on_durable(groups)
             future = chunk.future

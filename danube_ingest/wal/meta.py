@@ -110,7 +110,9 @@ class TopicMeta:
             self.last_index_pos = position
 
     def locate(self, offset: int) -> tuple[SegSpan, int] | None:
-        """The span holding ``offset`` and the position of a frame at or before it there."""
+        """The first span with offsets at or after ``offset``, and the position of the frame
+        holding ``offset`` there (or of the span's first frame when ``offset`` falls in a gap
+        left by an offset jump); None when no span reaches ``offset``."""
         spans = self.spans
         lo, hi = 0, len(spans)
         while lo < hi:
@@ -119,7 +121,7 @@ class TopicMeta:
                 lo = mid + 1
             else:
                 hi = mid
-        if lo == len(spans) or spans[lo].first_offset > offset:
+        if lo == len(spans):
             return None
         span = spans[lo]
         index = span.index

@@ -113,6 +113,11 @@ def _apply(
                     raise corrupt(frame, f"topic id {topic_id} used before registration")
                 if topic.next_offset < 0:
                     topic.next_offset = topic.first_offset = topic.hwm = next_offset
+                elif next_offset > topic.next_offset:
+                    # An offset jump (a new owner continuing the topic's offsets).
+                    if not topic.spans and topic.first_offset == topic.next_offset:
+                        topic.first_offset = next_offset
+                    topic.next_offset = topic.hwm = next_offset
                 topic.last_ingest_ms = max(topic.last_ingest_ms, ingest_ms)
             elif kind == Kind.CHECKPOINT:
                 cp_seq, _created, _region = decode_checkpoint(frame.body)

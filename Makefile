@@ -1,0 +1,40 @@
+# Everything runs from a project-local virtualenv (.venv) that the first target creates and that
+# is reinstalled only when pyproject.toml changes. Python >= 3.11 and Java 17 (for Spark) must
+# be on the machine; everything else comes from PyPI.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: setup dev test lint typecheck unit bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## The whole system on embedded defaults: local etcd, broker on 127.0.0.1:6650, data under ./data.
+dev: setup
+	$(BIN)/danube-ingest dev
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest -q -p no:cacheprovider
+
+## The full test suite, as CI runs it: lint, type check, every test (real etcd, s3, Spark...).
+test: lint typecheck unit
+
+bench: setup
+	for b in benchmarks/*.py; do case $$b in */_*) ;; *) $(BIN)/python $$b || exit 1;; esac; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
