@@ -380,6 +380,8 @@ class RegionLog:
     def stage_batch(self, name: str, entries: Sequence[Entry]) -> _Batch:
         """Stage several entries of one topic; one future for all of them."""
         batch = self._future()
+        if not entries:
+            return batch  # an empty MESSAGES frame cannot be encoded
         total = 0
         for entry in entries:
             size = len(entry.payload)
@@ -442,7 +444,7 @@ class RegionLog:
             self._fail_chunks([chunk], self._error)
             return
         if self._position >= self._segment_bytes or self._rotate_requested:
-            self._rotate(chunk)
+            self._rotate(chunk, pending)
         pieces = chunk.pieces
         position = self._position
         seq = self._seq
@@ -495,10 +497,10 @@ class RegionLog:
         self._position = position
         self._backend.submit(chunk)
 
-    def _rotate(self, chunk: _Chunk) -> None:
+    def _rotate(self, chunk: _Chunk, unframed: dict[TopicMeta, list[Entry]] | None = None) -> None:
         """Seal the active segment (if any) and start the next one with ``chunk``."""
         if self._seq >= 0 and self._snapshot_on_seal:
-            chunk.seal = self._snapshot(self._seq + 1)
+            chunk.seal = self._snapshot(self._seq + 1, unframed)
         self._seq += 1
         self._registered = set()
         frame = checkpoint_frame(self._seq, int(time.time() * 1000), self.region)
@@ -509,13 +511,17 @@ class RegionLog:
         self._segment_has_data = False
         self._rotate_requested = False
 
-    def _snapshot(self, next_seq: int) -> Snapshot:
+    def _snapshot(
+        self, next_seq: int, unframed: dict[TopicMeta, list[Entry]] | None = None
+    ) -> Snapshot:
         topics = []
         for topic in self._topics.values():
             data = topic.to_json()
-            spans = topic.spans
-            # Offsets staged but not yet framed land in the next segment, not in this snapshot.
-            data["next_offset"] = spans[-1].last_offset + 1 if spans else topic.first_offset
+            # Entries staged but not yet framed land in the next segment, not in this snapshot.
+            # (Not the last span's end: an offset jump after it must survive a restart.)
+            staged = unframed.get(topic) if unframed else None
+            if staged:
+                data["next_offset"] = staged[0].offset
             topics.append(data)
         return Snapshot(
             region=self.region,
@@ -603,7 +609,9 @@ class RegionLog:
         for chunk in chunks:
             future = chunk.future
             if future is not None:
-                future._complete(error)
+                # Via the loop: this can run inside a task (close(), a full chunk handed over
+                # by stage()), and a _Batch must not wake its waiters from inside a task.
+                self._loop.call_soon(future._complete, error)
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -181,6 +181,8 @@ class Snapshot:
     @classmethod
     def from_bytes(cls, data: bytes) -> Snapshot:
         doc = json.loads(data)
+        if not isinstance(doc, dict):
+            raise ValueError(f"snapshot is a JSON {type(doc).__name__}, not an object")
         if doc.get("version") != SNAPSHOT_VERSION:
             raise ValueError(f"unsupported snapshot version {doc.get('version')!r}")
         return cls(

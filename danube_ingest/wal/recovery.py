@@ -44,10 +44,13 @@ class RegionState:
     """(path, position, bytes removed) for each torn tail that was cut."""
     frames_scanned: int = 0
     bytes_scanned: int = 0
+    used_seq: int = 0
+    """Sequence numbers below this were used, even if their files are gone (never reuse one:
+    a sealed segment may have been uploaded under its number)."""
 
     @property
     def next_seq(self) -> int:
-        return max(self.segments) + 1 if self.segments else 0
+        return max(self.used_seq, max(self.segments) + 1 if self.segments else 0)
 
 
 def _apply(
@@ -138,11 +141,17 @@ def _settle(state: RegionState) -> None:
 def _load_snapshot(region_dir: Path, seqs: list[int]) -> tuple[RegionState, int]:
     state = RegionState()
     snapshot = read_snapshot(region_dir)
+    topics: list[TopicMeta] = []
+    if snapshot is not None:
+        try:
+            topics = [TopicMeta.from_json(data) for data in snapshot.topics]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.warning("wal snapshot ignored region_dir=%s error=%r", region_dir, exc)
+            snapshot = None
     if snapshot is None:
         return state, (seqs[0] if seqs else 0)
     present = set(seqs)
-    for data in snapshot.topics:
-        topic = TopicMeta.from_json(data)
+    for topic in topics:
         # Segments deleted by the cleaner after the snapshot was written.
         kept = [span for span in topic.spans if span.seq in present]
         if len(kept) != len(topic.spans):
@@ -152,6 +161,7 @@ def _load_snapshot(region_dir: Path, seqs: list[int]) -> tuple[RegionState, int]
         state.topics[topic.name] = topic
     state.next_topic_id = snapshot.next_topic_id
     state.uploaded = set(snapshot.uploaded) & present
+    state.used_seq = snapshot.next_seq
     return state, snapshot.next_seq
 
 
@@ -162,6 +172,9 @@ def recover_region(region_dir: Path, index_interval: int = 64 * 1024) -> RegionS
     """
     seqs = list_segments(region_dir)
     state, start_seq = _load_snapshot(region_dir, seqs)
+    # repair_region moved these out (and removed the snapshot that knew their numbers).
+    for seq in list_segments(region_dir / "quarantine"):
+        state.used_seq = max(state.used_seq, seq + 1)
     for seq in seqs:
         path = segment_path(region_dir, seq)
         size = path.stat().st_size
@@ -192,6 +205,7 @@ def recover_region(region_dir: Path, index_interval: int = 64 * 1024) -> RegionS
             path.unlink()
             fsync_dir(region_dir)
             del state.segments[seq]
+            state.used_seq = max(state.used_seq, seq + 1)
     _settle(state)
     return state
 

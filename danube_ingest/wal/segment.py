@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from danube_ingest.errors import FrameError
+from danube_ingest.errors import FrameError, TruncatedFrameError
 from danube_ingest.wal.framing import FrameInfo, decode_frame
 
 SEGMENT_SUFFIX = ".wal"
@@ -83,6 +83,11 @@ def scan(data: bytes, start: int = 0) -> ScanResult:
     while position < end:
         try:
             frame = decode_frame(view, position)
+        except TruncatedFrameError as exc:
+            # Fewer bytes than a prefix are left, or the prefix passed its CRC and its length
+            # runs past the end: all that follows is one incomplete frame (a torn tail). A
+            # "valid frame" found inside it would be a payload's bytes, not a frame boundary.
+            return ScanResult(frames, position, exc, None)
         except FrameError as exc:
             return ScanResult(frames, position, exc, find_valid_frame(data, position + 1))
         frames.append(frame)
