@@ -1,0 +1,122 @@
+"""What a subscription hands to a consumer: :class:`Delivery` values through a
+:class:`ConsumerHandle`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from typing import NamedTuple, Protocol
+
+from danube_ingest.dispatch.errors import ConsumerClosedError
+from danube_ingest.dispatch.keyshared import KeyFilter
+from danube_ingest.wal.framing import Entry
+
+
+class Delivery(NamedTuple):
+    """One message given to one consumer."""
+
+    entry: Entry
+    """The stored message; ``entry.offset`` is what the consumer acks or nacks."""
+    attempt: int
+    """1 on the first delivery, plus one per failed delivery (nack or ack timeout) before this
+    one. A redelivery caused by the consumer detaching does not count as a failure."""
+
+
+class _Owner(Protocol):
+    def _detach_handle(self, handle: ConsumerHandle) -> None: ...
+
+
+class ConsumerHandle:
+    """One attached consumer's end of a subscription.
+
+    Deliveries come out of :meth:`next` in the order the subscription dispatched them. The
+    handle is read by one task (the consumer's ReceiveMessages stream). Once the consumer is
+    detached or taken over, :meth:`next` raises :class:`ConsumerClosedError` and the messages it
+    still held (queued or unacknowledged) are redelivered by the subscription.
+    """
+
+    def __init__(
+        self,
+        owner: _Owner,
+        consumer_id: int,
+        name: str,
+        key_filter: KeyFilter,
+        description: str,
+    ) -> None:
+        self._owner = owner
+        self.consumer_id = consumer_id
+        self.name = name
+        self.key_filter = key_filter
+        self._description = description
+        # Dispatched to this consumer and not yet taken by next(), in dispatch order.
+        self._queue: OrderedDict[int, Delivery] = OrderedDict()
+        # Reliable subscriptions: offsets this consumer holds unacknowledged (queued or taken).
+        self._window: set[int] = set()
+        self._closed = False
+        self._close_reason = ""
+        self._waiter: asyncio.Future[None] | None = None
+        self.dropped = 0
+        """Non-reliable subscriptions: messages dropped because this consumer's queue was full."""
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"ConsumerHandle({self.consumer_id}, {self.name!r}, {state})"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def in_flight(self) -> int:
+        """Reliable subscriptions: messages this consumer holds unacknowledged."""
+        return len(self._window)
+
+    @property
+    def queued(self) -> int:
+        """Messages dispatched to this consumer that :meth:`next` has not returned yet."""
+        return len(self._queue)
+
+    async def next(self) -> Delivery:
+        """Wait for this consumer's next delivery.
+
+        Raises :class:`ConsumerClosedError` once the handle is closed, even if deliveries were
+        queued (the subscription redelivers those). Cancelling the wait loses nothing.
+        """
+        while True:
+            if self._closed:
+                raise ConsumerClosedError(f"{self._description} {self._close_reason}")
+            if self._queue:
+                return self._queue.popitem(last=False)[1]
+            if self._waiter is not None:
+                raise RuntimeError(f"{self._description}: next() is already being awaited")
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    def close(self) -> None:
+        """Detach this consumer if it is still attached (a no-op after a takeover)."""
+        self._owner._detach_handle(self)
+
+    # -- used by the subscriptions -----------------------------------------------------------
+
+    def _push(self, delivery: Delivery) -> None:
+        self._queue[delivery.entry.offset] = delivery
+        self._wake()
+
+    def _withdraw(self, offset: int) -> None:
+        self._queue.pop(offset, None)
+
+    def _shutdown(self, reason: str) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close_reason = reason
+            self._queue.clear()
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

@@ -1,0 +1,680 @@
+"""Reliable (at-least-once) dispatch of a stored topic to one subscription's consumers.
+
+Guarantees of a :class:`ReliableSubscription` started at offset ``s``:
+
+* **At least once.** Every entry of the topic from ``s`` on is delivered, and delivered again
+  (after a nack, an ack timeout, or its consumer detaching) until it is *settled*: acked, or
+  dropped / dead-lettered by the poison policy. Nothing else settles an entry (but see
+  *Retention*).
+* **Cursor.** ``cursor`` is the lowest unsettled offset (or, with nothing unsettled, the next
+  offset to read): every offset below it is settled. It never decreases; ``on_cursor`` is
+  called with each new value. A subscription restarted from its cursor delivers every entry
+  from there on: the unsettled ones, and those acked out of order above the cursor, again.
+* **Ordering.** New entries are dispatched in offset order. Exclusive and Failover consumers
+  receive them in offset order; KeyShared consumers receive each key's entries in offset order,
+  and a key stays on its consumer while that consumer holds unacknowledged entries of the key,
+  even when the membership changes (it moves, by the hash ring, once they are all settled).
+  Redeliveries are dispatched before new entries, lowest offset first, so a redelivered entry
+  arrives after later entries the consumer already got. Shared promises no order.
+* **Flow control.** A consumer holds at most ``policy.max_unacked`` unacknowledged entries
+  (queued in its handle or taken). The subscription reads from the topic only while a
+  receiving consumer has room and its unsettled entries number fewer than ``max_unacked`` per
+  receiving consumer (one for Exclusive and Failover), so it holds at most that many entries
+  plus one read batch, whatever the consumers do. A KeyShared entry whose key no attached
+  consumer accepts stays unsettled (counted in that budget) until one that accepts it attaches;
+  Danube skips such entries, which would lose a filtered consumer's keys while it restarts.
+* **Redelivery.** Delivery number ``n`` of an entry fails when it is nacked or not acked within
+  ``ack_timeout_s``; the entry is redelivered after the delay :class:`DispatchPolicy` states,
+  to whichever consumer the subscription type picks. After ``1 + max_redeliveries`` failed
+  deliveries the poison policy applies (see :class:`PoisonPolicy`). A consumer detaching or
+  being taken over is not a failure of its entries: they are redelivered at once with the same
+  attempt number, because the Danube client reopens its stream (a takeover here) after any
+  network error, and counting those would poison healthy messages on a flaky network.
+* **Retention.** If the cursor falls below the topic's first retained offset, the subscription
+  skips to that offset (logged at warning level, counted in ``stats.skipped``): those entries
+  no longer exist anywhere the store can read.
+* **Acks** may arrive in any order and from any consumer; acks and nacks of unknown or settled
+  offsets are ignored. A late ack (after the ack timeout) still settles the entry.
+
+Use one subscription from one event loop; construct it from a coroutine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import heapq
+import itertools
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from danube_ingest.dispatch.clock import Clock, LoopClock, Timer
+from danube_ingest.dispatch.consumer import ConsumerHandle, Delivery
+from danube_ingest.dispatch.deadletter import DeadLetterCallback, DeadLetterQueue
+from danube_ingest.dispatch.errors import ConsumerClosedError
+from danube_ingest.dispatch.keyshared import KeyFilter, routing_key_of
+from danube_ingest.dispatch.membership import Membership
+from danube_ingest.dispatch.policy import DispatchPolicy, PoisonPolicy, SubscriptionType
+from danube_ingest.errors import ConfigError, OffsetOutOfRangeError
+from danube_ingest.store.topic_store import TopicReader, TopicStore
+from danube_ingest.wal.framing import Entry
+
+log = logging.getLogger(__name__)
+
+CursorCallback = Callable[[int], None]
+"""Called with the new cursor each time it advances (e.g. ``ProgressUpdater.set``)."""
+
+
+class _State(enum.Enum):
+    READY = "ready"
+    """Waiting for a consumer with room (in ``_ready``, or for KeyShared in the heap of the
+    consumer its key goes to, or in ``_unrouted``)."""
+    DELIVERED = "delivered"
+    """In a consumer's window (in ``_deadlines``)."""
+    WAITING = "waiting"
+    """Waiting for its redelivery delay (in ``_waiting``)."""
+    DEAD_LETTER = "dead_letter"
+    """Queued for, or in, the dead-letter callback."""
+    SETTLED = "settled"
+
+
+@dataclass(slots=True, eq=False)
+class _Message:
+    entry: Entry
+    key: str
+    attempt: int = 1
+    state: _State = _State.READY
+    consumer: ConsumerHandle | None = None
+    due: float = 0.0
+    """DELIVERED: the ack deadline; WAITING: when to redeliver."""
+    reason: str = ""
+    """Why the last delivery failed."""
+    dispatched: bool = False
+    """Given to a consumer at least once."""
+    blocked: bool = False
+
+
+@dataclass(slots=True)
+class SubscriptionStats:
+    """Counters since the subscription was created."""
+
+    delivered: int = 0
+    """Deliveries, redeliveries included."""
+    redelivered: int = 0
+    acked: int = 0
+    nacked: int = 0
+    ack_timeouts: int = 0
+    dropped: int = 0
+    """Entries settled by the Drop poison policy."""
+    dead_lettered: int = 0
+    """Entries settled by the DeadLetter poison policy."""
+    skipped: int = 0
+    """Entries no longer retained when the subscription reached them (cursor jumped)."""
+
+
+class ReliableSubscription:
+    """One subscription of a reliable topic: reads the topic from the store, dispatches to its
+    consumers, tracks acks and redeliveries (see the module docs for the guarantees).
+
+    ``start_offset`` is the subscription's cursor; ``None`` starts a new subscription at the
+    topic's high watermark (only entries appended from now on).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        topic: str,
+        sub_type: SubscriptionType,
+        store: TopicStore,
+        start_offset: int | None = None,
+        policy: DispatchPolicy | None = None,
+        on_cursor: CursorCallback | None = None,
+        dead_letter: DeadLetterCallback | None = None,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.policy = policy or DispatchPolicy()
+        if self.policy.poison is PoisonPolicy.DEAD_LETTER and dead_letter is None:
+            raise ConfigError(
+                f"subscription {name} on topic {topic}: poison policy dead_letter needs a "
+                f"dead_letter callback"
+            )
+        if start_offset is None:
+            info = store.info(topic)
+            start_offset = 0 if info is None else info.high_watermark
+        self.name = name
+        self.topic = topic
+        self.sub_type = SubscriptionType(sub_type)
+        self.stats = SubscriptionStats()
+        self._store = store
+        self._on_cursor = on_cursor
+        self._clock: Clock = clock or LoopClock()
+        self._members = Membership(topic, name, self.sub_type)
+        self._key_shared = self.sub_type is SubscriptionType.KEY_SHARED
+        # Every unsettled entry read from the topic, in offset order (so the first is the
+        # lowest unsettled offset).
+        self._unacked: OrderedDict[int, _Message] = OrderedDict()
+        # READY offsets, as heaps. Exclusive, Failover, Shared: one heap. KeyShared: one per
+        # consumer, holding the entries whose key goes to it (assigned when they become ready,
+        # reassigned when the membership changes), and one of entries nobody accepts.
+        self._ready: list[int] = []
+        self._assigned: dict[int, list[int]] = {}
+        self._unrouted: list[int] = []
+        # DELIVERED entries by ack deadline: deadlines are delivery time + a constant, so
+        # delivery order is deadline order and the first item is the next to expire.
+        self._deadlines: OrderedDict[int, _Message] = OrderedDict()
+        # WAITING entries as a heap of (due, sequence, message); an entry settled while waiting
+        # stays in it until it reaches the top.
+        self._waiting: list[tuple[float, int, _Message]] = []
+        self._sequence = itertools.count()
+        self._blocked: set[int] = set()
+        # KeyShared: which consumer holds unacknowledged entries of a key, and how many.
+        self._key_holders: dict[str, tuple[ConsumerHandle, int]] = {}
+        self._dead_letters = (
+            None
+            if dead_letter is None
+            else DeadLetterQueue(
+                topic,
+                name,
+                dead_letter,
+                dead_letter_topic=self.policy.dead_letter_topic_for(topic),
+                retry_s=self.policy.redelivery_max_s,
+                clock=self._clock,
+                wanted=self._dead_letter_wanted,
+                done=self._dead_lettered,
+            )
+        )
+        self._read_next = start_offset
+        self._cursor = start_offset
+        self._reader: TopicReader = store.create_reader(
+            topic, start_offset, max_batch=self.policy.read_batch
+        )
+        self._reader_done = False
+        self._can_read = asyncio.Event()
+        self._timer: Timer | None = None
+        self._timer_at = 0.0
+        self._closed = False
+        self._task = asyncio.get_running_loop().create_task(
+            self._read_loop(), name=f"dispatch {topic} {name}"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ReliableSubscription({self.name!r}, topic={self.topic!r}, "
+            f"{self.sub_type.name}, cursor={self._cursor})"
+        )
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def cursor(self) -> int:
+        """Every offset below this is settled (acked, dropped or dead-lettered)."""
+        return self._cursor
+
+    @property
+    def consumers(self) -> tuple[ConsumerHandle, ...]:
+        """Attached consumers in attach order (for Failover, the first is active)."""
+        return self._members.handles
+
+    @property
+    def unacked(self) -> int:
+        """Entries read from the topic and not yet settled."""
+        return len(self._unacked)
+
+    @property
+    def blocked(self) -> tuple[int, ...]:
+        """Offsets held by the Block poison policy; while any, no new entry is read."""
+        return tuple(sorted(self._blocked))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- consumers --------------------------------------------------------------------------
+
+    def attach(
+        self,
+        consumer_id: int,
+        name: str,
+        key_filters: Iterable[str] = (),
+        *,
+        sub_type: SubscriptionType | None = None,
+    ) -> ConsumerHandle:
+        """Attach a consumer and return its handle.
+
+        Attaching an id that is already attached is a takeover: the previous handle closes and
+        the entries it held are redelivered (to the new handle for Exclusive and Failover).
+        ``key_filters`` only matter for KeyShared. Raises :class:`SubscriptionBusyError` (an
+        Exclusive subscription held by another name), :class:`SubscriptionTypeMismatchError`
+        (``sub_type`` given and different) or :class:`ConsumerClosedError` (closed).
+        """
+        if self._closed:
+            raise ConsumerClosedError(
+                f"subscription {self.name} on topic {self.topic} is closed; subscribe again"
+            )
+        self._members.check_type(sub_type)
+        handle = ConsumerHandle(
+            self,
+            consumer_id,
+            name,
+            KeyFilter(key_filters),
+            f"consumer {consumer_id} ({name!r}) of subscription {self.name} on topic {self.topic}",
+        )
+        for old in self._members.attach(handle):
+            self._release_consumer(old, "was taken over by a new attach of the same consumer")
+        self._reassign()
+        log.debug(
+            "consumer attached topic=%s subscription=%s consumer_id=%d name=%s",
+            self.topic,
+            self.name,
+            consumer_id,
+            name,
+        )
+        self._dispatch()
+        return handle
+
+    def detach(self, consumer_id: int) -> bool:
+        """Detach a consumer; its unacknowledged entries are redelivered at once.
+
+        Returns whether it was attached. Prefer :meth:`ConsumerHandle.close` when a stream ends:
+        it cannot detach a newer handle that took the consumer over.
+        """
+        handle = self._members.get(consumer_id)
+        if handle is None:
+            return False
+        self._detach_handle(handle)
+        return True
+
+    def _detach_handle(self, handle: ConsumerHandle) -> None:
+        if self._members.remove(handle):
+            self._release_consumer(handle, "was detached")
+            self._reassign()
+            self._dispatch()
+
+    def _release_consumer(self, handle: ConsumerHandle, reason: str) -> None:
+        handle._shutdown(reason)
+        held = [self._unacked[offset] for offset in sorted(handle._window)]
+        for message in held:  # first release every key the consumer held...
+            self._undeliver(message)
+        for message in held:  # ...then route its entries to the remaining consumers
+            self._make_ready(message)
+        if held:
+            log.info(
+                "redelivering entries of a departed consumer topic=%s subscription=%s "
+                "consumer_id=%d count=%d first_offset=%d",
+                self.topic,
+                self.name,
+                handle.consumer_id,
+                len(held),
+                held[0].entry.offset,
+            )
+
+    # -- acks -------------------------------------------------------------------------------
+
+    def ack(self, offset: int) -> bool:
+        """Settle ``offset``; return ``False`` (and change nothing) if it is not unsettled or
+        the subscription is closed (its successor redelivers the entry)."""
+        message = self._unacked.get(offset)
+        if message is None or self._closed:
+            return False
+        self.stats.acked += 1
+        self._settle(message)
+        self._dispatch()
+        return True
+
+    def nack(self, offset: int, delay_ms: int | None = None, reason: str | None = None) -> bool:
+        """Fail the current delivery of ``offset``: it is redelivered after
+        ``min(redelivery_max, max(nack_base_delay, delay_ms, backoff(attempt)))``, or the
+        poison policy applies if that was its last allowed delivery.
+
+        Returns ``False`` (and changes nothing) unless ``offset`` is delivered and unacked.
+        """
+        message = self._unacked.get(offset)
+        if message is None or message.state is not _State.DELIVERED or self._closed:
+            return False
+        self.stats.nacked += 1
+        requested = max(delay_ms or 0, 0) / 1000
+        self._fail(message, reason or "nack", self.policy.nack_delay(message.attempt, requested))
+        self._dispatch()
+        return True
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop dispatching: every handle closes, timers and reads stop. Idempotent.
+
+        The cursor is not changed; unsettled entries are redelivered by a subscription started
+        again from it.
+        """
+        if self._closed:
+            return
+        self._shutdown("was closed with its subscription")
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        if self._dead_letters is not None:
+            await self._dead_letters.close()
+
+    def _shutdown(self, reason: str) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for handle in self._members.handles:
+            self._members.remove(handle)
+            handle._shutdown(reason)
+        self._reader.close()
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                await self._can_read.wait()
+                try:
+                    batch = await self._reader.next_batch()
+                except OffsetOutOfRangeError as exc:
+                    self._skip_to(exc.first_offset)
+                    continue
+                if not batch:  # the store closed
+                    self._reader_done = True
+                    self._can_read.clear()
+                    return
+                for entry in batch:
+                    message = _Message(entry, routing_key_of(entry))
+                    self._unacked[entry.offset] = message
+                    self._make_ready(message)
+                self._read_next = batch[-1].offset + 1
+                self._dispatch()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception(
+                "dispatch stopped topic=%s subscription=%s offset=%d",
+                self.topic,
+                self.name,
+                self._read_next,
+            )
+            self._shutdown(f"was closed: reading the topic failed ({exc})")
+
+    def _skip_to(self, first_offset: int) -> None:
+        log.warning(
+            "subscription cursor below the retained log, skipping topic=%s subscription=%s "
+            "from_offset=%d to_offset=%d",
+            self.topic,
+            self.name,
+            self._read_next,
+            first_offset,
+        )
+        self.stats.skipped += first_offset - self._read_next
+        self._reader.close()
+        self._reader = self._store.create_reader(
+            self.topic, first_offset, max_batch=self.policy.read_batch
+        )
+        self._read_next = first_offset
+        self._advance_cursor()
+
+    # -- dispatching ------------------------------------------------------------------------
+
+    def _has_room(self, handle: ConsumerHandle) -> bool:
+        return len(handle._window) < self.policy.max_unacked
+
+    def _key_target(self, key: str) -> ConsumerHandle | None:
+        """KeyShared: the consumer holding unacked entries of ``key``, else its ring owner."""
+        holder = self._key_holders.get(key)
+        return holder[0] if holder is not None else self._members.key_owner(key)
+
+    def _dispatch(self) -> None:
+        """Give READY entries, lowest offset first, to consumers with room."""
+        if self._closed:
+            return
+        if self._key_shared:
+            self._dispatch_by_key()
+        elif self._ready and self._members.receiver_count():
+            self._dispatch_in_order()
+        self._update_can_read()
+
+    def _dispatch_in_order(self) -> None:
+        ready = self._ready
+        members = self._members
+        shared = self.sub_type is SubscriptionType.SHARED
+        while ready:
+            offset = ready[0]
+            message = self._unacked.get(offset)
+            if message is None or message.state is not _State.READY:
+                heapq.heappop(ready)  # settled while ready
+                continue
+            if self._blocked and not message.dispatched:
+                # Block policy: nothing new goes out. Entries go out in offset order here, so
+                # every entry after this one is new too.
+                break
+            if shared:
+                target = members.round_robin(self._has_room)
+            else:
+                target = members.active()
+                if target is not None and not self._has_room(target):
+                    target = None
+            if target is None:
+                break  # no consumer has room
+            heapq.heappop(ready)
+            self._deliver(message, target)
+
+    def _dispatch_by_key(self) -> None:
+        for handle in self._members.handles:
+            heap = self._assigned.get(handle.consumer_id)
+            if not heap:
+                continue
+            held_back: list[int] = []
+            while heap and self._has_room(handle):
+                offset = heapq.heappop(heap)
+                message = self._unacked.get(offset)
+                if message is None or message.state is not _State.READY:
+                    continue  # settled while ready
+                if self._blocked and not message.dispatched:
+                    held_back.append(offset)  # Block policy: nothing new goes out
+                    continue
+                self._deliver(message, handle)
+            for offset in held_back:
+                heapq.heappush(heap, offset)
+
+    def _reassign(self) -> None:
+        """KeyShared: route every READY entry again after a membership change."""
+        if not self._key_shared:
+            return
+        pending = [offset for heap in self._assigned.values() for offset in heap]
+        pending.extend(self._unrouted)
+        self._assigned = {}
+        self._unrouted = []
+        for offset in sorted(pending):
+            message = self._unacked.get(offset)
+            if message is not None and message.state is _State.READY:
+                self._make_ready(message)
+
+    def _update_can_read(self) -> None:
+        members = self._members
+        if (
+            not self._closed
+            and not self._reader_done
+            and not self._blocked
+            and len(self._unacked) < self.policy.max_unacked * members.receiver_count()
+            and any(map(self._has_room, members.receivers()))
+        ):
+            self._can_read.set()
+        else:
+            self._can_read.clear()
+
+    def _deliver(self, message: _Message, handle: ConsumerHandle) -> None:
+        offset = message.entry.offset
+        message.state = _State.DELIVERED
+        message.consumer = handle
+        message.dispatched = True
+        message.due = self._clock.now() + self.policy.ack_timeout_s
+        self._deadlines[offset] = message
+        handle._window.add(offset)
+        if self._key_shared:
+            holder = self._key_holders.get(message.key)
+            self._key_holders[message.key] = (handle, 1 if holder is None else holder[1] + 1)
+        self.stats.delivered += 1
+        if message.attempt > 1:
+            self.stats.redelivered += 1
+        handle._push(Delivery(message.entry, message.attempt))
+        if len(self._deadlines) == 1:
+            self._arm()
+
+    def _undeliver(self, message: _Message) -> None:
+        """Take a DELIVERED entry back from its consumer."""
+        handle = message.consumer
+        assert handle is not None
+        offset = message.entry.offset
+        handle._window.discard(offset)
+        handle._withdraw(offset)
+        del self._deadlines[offset]
+        message.consumer = None
+        if self._key_shared:
+            holder_handle, count = self._key_holders[message.key]
+            if count > 1:
+                self._key_holders[message.key] = (holder_handle, count - 1)
+            else:
+                del self._key_holders[message.key]
+
+    def _make_ready(self, message: _Message) -> None:
+        message.state = _State.READY
+        offset = message.entry.offset
+        if not self._key_shared:
+            heapq.heappush(self._ready, offset)
+            return
+        target = self._key_target(message.key)
+        if target is None:
+            heapq.heappush(self._unrouted, offset)
+        else:
+            heapq.heappush(self._assigned.setdefault(target.consumer_id, []), offset)
+
+    # -- settling and failing ---------------------------------------------------------------
+
+    def _settle(self, message: _Message) -> None:
+        if message.consumer is not None:
+            self._undeliver(message)
+        message.state = _State.SETTLED
+        offset = message.entry.offset
+        del self._unacked[offset]
+        self._blocked.discard(offset)
+        self._advance_cursor()
+
+    def _advance_cursor(self) -> None:
+        cursor = next(iter(self._unacked)) if self._unacked else self._read_next
+        if cursor > self._cursor:
+            self._cursor = cursor
+            if self._on_cursor is not None:
+                try:
+                    self._on_cursor(cursor)
+                except Exception:
+                    log.exception(
+                        "cursor callback failed topic=%s subscription=%s cursor=%d",
+                        self.topic,
+                        self.name,
+                        cursor,
+                    )
+
+    def _fail(self, message: _Message, reason: str, delay: float) -> None:
+        """The current delivery of a DELIVERED entry failed: redeliver it or apply the poison
+        policy."""
+        self._undeliver(message)
+        message.reason = reason
+        offset = message.entry.offset
+        if message.attempt > self.policy.max_redeliveries:
+            poison = self.policy.poison
+            if poison is PoisonPolicy.DROP:
+                log.warning(
+                    "dropping poison message topic=%s subscription=%s offset=%d attempt=%d "
+                    "reason=%s",
+                    self.topic,
+                    self.name,
+                    offset,
+                    message.attempt,
+                    reason,
+                )
+                self.stats.dropped += 1
+                self._settle(message)
+                return
+            if poison is PoisonPolicy.DEAD_LETTER:
+                assert self._dead_letters is not None
+                message.state = _State.DEAD_LETTER
+                self._dead_letters.put(message.entry, message.attempt, reason)
+                return
+            if not message.blocked:
+                log.warning(
+                    "poison message blocks the subscription topic=%s subscription=%s "
+                    "offset=%d attempt=%d reason=%s",
+                    self.topic,
+                    self.name,
+                    offset,
+                    message.attempt,
+                    reason,
+                )
+                message.blocked = True
+                self._blocked.add(offset)
+            delay = self.policy.redelivery_max_s
+        message.attempt += 1
+        if delay <= 0:
+            self._make_ready(message)
+            return
+        message.state = _State.WAITING
+        message.due = self._clock.now() + delay
+        heapq.heappush(self._waiting, (message.due, next(self._sequence), message))
+        self._arm()
+
+    def _dead_letter_wanted(self, offset: int) -> bool:
+        message = self._unacked.get(offset)
+        return message is not None and message.state is _State.DEAD_LETTER
+
+    def _dead_lettered(self, offset: int) -> None:
+        message = self._unacked.get(offset)
+        if message is not None and message.state is _State.DEAD_LETTER:
+            self.stats.dead_lettered += 1
+            self._settle(message)
+            self._dispatch()
+
+    # -- timers -----------------------------------------------------------------------------
+
+    def _next_due(self) -> float | None:
+        due = next(iter(self._deadlines.values())).due if self._deadlines else None
+        waiting = self._waiting
+        while waiting:
+            at, _, message = waiting[0]
+            if message.state is _State.WAITING and message.due == at:
+                return at if due is None else min(due, at)
+            heapq.heappop(waiting)  # settled while waiting
+        return due
+
+    def _arm(self) -> None:
+        """Make sure a timer fires by the next ack deadline or redelivery due time."""
+        if self._closed:
+            return
+        when = self._next_due()
+        if when is None or (self._timer is not None and self._timer_at <= when):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._clock.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._closed:
+            return
+        now = self._clock.now()
+        deadlines = self._deadlines
+        while deadlines:
+            message = next(iter(deadlines.values()))
+            if message.due > now:
+                break
+            self.stats.ack_timeouts += 1
+            self._fail(message, "ack timeout", self.policy.backoff(message.attempt))
+        waiting = self._waiting
+        while waiting and waiting[0][0] <= now:
+            at, _, message = heapq.heappop(waiting)
+            if message.state is _State.WAITING and message.due == at:
+                self._make_ready(message)
+        self._dispatch()
+        self._arm()
