@@ -631,6 +631,50 @@ class LimitsConfig(_Section):
     )
 
 
+class DispatchConfig(_Section):
+    """Reliable dispatch: acknowledgement, redelivery and poison messages (per subscription)."""
+
+    ack_timeout_seconds: _Seconds = Field(
+        default=30.0,
+        gt=0,
+        description="A delivered message not acked within this time is redelivered.",
+    )
+    nack_base_delay_ms: _Millis = Field(
+        default=1000,
+        ge=0,
+        description=(
+            "Least delay before a nacked message is redelivered (a nack may ask for more)."
+        ),
+    )
+    redelivery_base_ms: _Millis = Field(
+        default=1000,
+        gt=0,
+        description="Redelivery backoff after the first failed delivery; doubles each time.",
+    )
+    redelivery_max_ms: _Millis = Field(
+        default=60000,
+        gt=0,
+        description="Longest redelivery backoff (also caps nack delays).",
+    )
+    max_redeliveries: _Count = Field(
+        default=5,
+        ge=0,
+        description="Redeliveries of one message before the poison policy applies.",
+    )
+    poison_policy: Literal["block", "drop", "dead_letter"] = Field(
+        default="block",
+        description=(
+            "What happens after the last redelivery failed: 'block' keeps redelivering it and "
+            "holds back new messages of that subscription; 'drop' skips it (logged); "
+            "'dead_letter' republishes it to dead_letter_topic with x-original-* attributes."
+        ),
+    )
+    dead_letter_topic: str = Field(
+        default="{topic}-dlq",
+        description="Dead-letter topic name; '{topic}' is replaced by the source topic's name.",
+    )
+
+
 class EtcdConfig(_Section):
     """The etcd cluster holding metadata: ownership, manifests, cursors, prune marks."""
 
@@ -685,6 +729,9 @@ class BrokerConfig(_Section):
         default_factory=StorageConfig, description="WAL, cache, uploader and object store."
     )
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Client limits.")
+    dispatch: DispatchConfig = Field(
+        default_factory=DispatchConfig, description="Acks, redelivery, poison messages."
+    )
     etcd: EtcdConfig = Field(default_factory=EtcdConfig, description="Metadata store.")
 
     def wal_dir(self) -> Path:

@@ -86,15 +86,16 @@ class WALCache:
         cache.nbytes += nbytes
         self.nbytes += nbytes
         limit = self.topic_max_bytes
-        while cache.nbytes > limit and cache.nblocks > 1:
+        # A block above a bound on its own is evicted too: readers then use the segment files.
+        while cache.nbytes > limit:
             self.nbytes -= cache.evict_one()
         if self.nbytes > self.max_bytes:
-            self._evict_global(cache)
+            self._evict_global()
 
-    def _evict_global(self, newest: _TopicCache) -> None:
+    def _evict_global(self) -> None:
+        # Least recently appended topics first; the topic just extended is the last one.
         for other in list(self._topics.values()):
-            keep = 1 if other is newest else 0
-            while self.nbytes > self.max_bytes and other.nblocks > keep:
+            while self.nbytes > self.max_bytes and other.nblocks:
                 self.nbytes -= other.evict_one()
             if self.nbytes <= self.max_bytes:
                 return

@@ -47,6 +47,8 @@ class TopicInfo:
     high_watermark: int
     """Every offset below this is durable; the next append gets at least this offset."""
     last_ingest_ms: int
+    next_offset: int
+    """The offset the next append gets (above the high watermark while appends are in flight)."""
 
 
 class TopicStore:
@@ -132,7 +134,14 @@ class TopicStore:
         meta = region.topic(topic) if region is not None else None
         if region is None or meta is None:
             return None
-        return TopicInfo(topic, region.region, meta.first_offset, meta.hwm, meta.last_ingest_ms)
+        return TopicInfo(
+            topic,
+            region.region,
+            meta.first_offset,
+            meta.hwm,
+            meta.last_ingest_ms,
+            meta.next_offset,
+        )
 
     def topics(self) -> list[str]:
         return sorted(self._topic_region)
@@ -307,10 +316,10 @@ class TopicReader:
         topic = self._topic
         out: list[Entry] = []
         while len(out) < self._max_batch and nxt < limit:
+            if nxt < topic.first_offset:  # also: segments deleted while a read was waiting
+                raise OffsetOutOfRangeError(topic.name, nxt, topic.first_offset)
             located = topic.locate(nxt)
             if located is None:
-                if nxt < topic.first_offset:
-                    raise OffsetOutOfRangeError(topic.name, nxt, topic.first_offset)
                 # No entry at or after nxt below the high watermark: a jump at the end.
                 nxt = limit
                 break
@@ -323,6 +332,8 @@ class TopicReader:
             stop = min(limit, span.last_offset + 1)
             reached = await self._scan_segment(span.seq, position, nxt, stop, out)
             if reached == nxt:
+                if nxt < topic.first_offset:  # the segment was deleted under the read
+                    raise OffsetOutOfRangeError(topic.name, nxt, topic.first_offset)
                 raise WalCorruptionError(
                     f"{self._region.region_dir}/segment {span.seq}",
                     position,

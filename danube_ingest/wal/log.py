@@ -866,7 +866,13 @@ class _FileBackend:
         fd = self._read_fd(seq)
         if size <= 256 * 1024:
             return os.pread(fd, size, start)
-        return await asyncio.to_thread(os.pread, fd, size, start)
+        # A duplicate: delete() or close() may close ``fd`` while the thread reads (and the
+        # number be reused for another file); the deleted file stays readable through it.
+        fd = os.dup(fd)
+        try:
+            return await asyncio.to_thread(os.pread, fd, size, start)
+        finally:
+            os.close(fd)
 
     def delete(self, seq: int) -> None:
         fd = self._read_fds.pop(seq, None)

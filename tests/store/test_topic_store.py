@@ -1,0 +1,198 @@
+"""TopicStore on files: what must survive closing and reopening the store.
+
+The mode-independent contract is in ``test_contract.py``; the crash and write-failure tests
+are in ``tests/wal/test_crash.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from danube_ingest.errors import OffsetOutOfRangeError
+from danube_ingest.store import TopicStore
+from danube_ingest.wal import Entry
+from danube_ingest.wal import log as wal_log
+from danube_ingest.wal.meta import SNAPSHOT_NAME
+
+from .conftest import (
+    KiB,
+    SteppedClock,
+    StoreFactory,
+    append_all,
+    assert_sequence,
+    info_of,
+    read_until,
+    within,
+)
+
+OPTIONS = {"regions": 2, "segment_bytes": 8 * KiB, "cache_topic_max_bytes": 4 * KiB}
+
+
+async def read_topic(store: TopicStore, topic: str) -> list[Entry]:
+    info = store.info(topic)
+    assert info is not None
+    return await read_until(store.create_reader(topic, info.first_offset), info.high_watermark)
+
+
+def snapshot(store: TopicStore) -> dict[str, tuple[int, int, int]]:
+    out = {}
+    for topic in store.topics():
+        info = store.info(topic)
+        assert info is not None
+        out[topic] = (info.first_offset, info.high_watermark, info.last_ingest_ms)
+    return out
+
+
+async def test_reopen_continues_offsets_and_reads_back_identically(
+    file_stores: StoreFactory,
+) -> None:
+    rng = random.Random(3)
+    store = await file_stores.open(**OPTIONS)
+    topics = [f"topic-{i}" for i in range(6)]
+    for i in range(600):
+        topic = rng.choice(topics)
+        entry = Entry(
+            rng.randbytes(rng.randint(0, 700)),
+            producer_name=f"p{i % 4}",
+            routing_key=f"k{i}" if i % 3 else None,
+            attributes={"i": str(i)} if i % 5 == 0 else None,
+            schema_id=i if i % 7 == 0 else None,
+            publish_ms=i,
+        )
+        if i % 10 == 0:
+            more = [
+                Entry(rng.randbytes(50), producer_name="batch") for _ in range(rng.randint(1, 9))
+            ]
+            await store.append_batch(topic, [entry, *more])
+        else:
+            await store.append(topic, entry)
+    await store.advance_time("topic-0")
+    await store.advance_time("only-time")  # registered, never written
+    assert {info_of(store, t).region for t in topics} == {"r0", "r1"}
+    before = snapshot(store)
+    contents = {t: await read_topic(store, t) for t in topics}
+    await store.close()
+
+    for remove_snapshot in (False, True):
+        if remove_snapshot:  # recovery rebuilds the same state from the segment files alone
+            for region_dir in (file_stores.wal_dir or Path()).iterdir():
+                (region_dir / SNAPSHOT_NAME).unlink()
+        store = await file_stores.open(**OPTIONS)
+        assert all(not region.recovered.truncated for region in store.regions)
+        assert snapshot(store) == before
+        for topic in topics:
+            assert await read_topic(store, topic) == contents[topic]
+        await store.close()
+
+    store = await file_stores.open(**OPTIONS)
+    for topic in topics:
+        last = before[topic]
+        entry = Entry(b"after reopen")
+        assert await store.append(topic, entry) == last[1]
+        assert entry.ingest_ms >= last[2]
+    assert await store.append("only-time", Entry(b"first")) == 0
+
+
+async def test_retention_survives_reopen(file_stores: StoreFactory) -> None:
+    store = await file_stores.open(segment_bytes=2 * KiB)
+    payloads = [b"%05d" % i * 30 for i in range(200)]
+    await append_all(store, "t", payloads)
+    region = store.regions[0]
+    while info_of(store, "t").first_offset < 50:
+        region.delete_segment(min(region.sealed))
+    first = info_of(store, "t").first_offset
+    await store.close()
+
+    store = await file_stores.open(segment_bytes=2 * KiB)
+    assert info_of(store, "t").first_offset == first
+    with pytest.raises(OffsetOutOfRangeError):
+        await store.create_reader("t", first - 1).next_batch()
+    assert_sequence(await read_topic(store, "t"), first, payloads[first:])
+    assert await store.append("t", Entry(b"next")) == 200
+
+
+@pytest.mark.parametrize("seal_before_close", [False, True])
+async def test_offset_jump_survives_reopen(
+    file_stores: StoreFactory, seal_before_close: bool
+) -> None:
+    store = await file_stores.open()
+    await append_all(store, "t", [b"a", b"b", b"c"])
+    info = await store.ensure_topic("t", min_next_offset=100)
+    assert (info.first_offset, info.high_watermark) == (0, 100)
+    if seal_before_close:
+        store.regions[0].rotate()
+        await store.advance_time("other")  # lands in the new segment, after the seal
+    await store.close()
+
+    store = await file_stores.open()
+    info = info_of(store, "t")
+    assert (info.first_offset, info.high_watermark) == (0, 100)
+    assert await store.append("t", Entry(b"d")) == 100
+    got = await read_until(store.create_reader("t", 0), 101)
+    assert [(e.offset, e.payload) for e in got] == [(0, b"a"), (1, b"b"), (2, b"c"), (100, b"d")]
+
+
+async def test_ingest_time_never_decreases_across_reopen(
+    file_stores: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = SteppedClock(1_800_000_000_000)
+    monkeypatch.setattr(wal_log, "time", clock)
+    start = clock.ms
+    store = await file_stores.open()
+    await store.append("t", Entry(b"x"))
+    clock.ms = start + 500
+    await store.advance_time("t")  # only a TIME marker carries start + 500
+    await store.close()
+
+    clock.ms = start - 60_000  # the machine restarts with its clock a minute behind
+    store = await file_stores.open()
+    assert info_of(store, "t").last_ingest_ms == start + 500
+    entry = Entry(b"y")
+    await store.append("t", entry)
+    assert entry.ingest_ms == start + 500
+
+
+@pytest.mark.parametrize("payload_bytes", [700 * KiB, 3 * 1024 * KiB])
+async def test_segment_deleted_under_a_reading_reader(
+    file_stores: StoreFactory, payload_bytes: int
+) -> None:
+    """Regression: the cleaner deleting a segment while a reader's threaded read of it was in
+    flight closed the file descriptor under the read (EBADF, or another file's bytes once the
+    number was reused), and a frame read in two steps looked like corruption."""
+    store = await file_stores.open(
+        segment_bytes=1024 * KiB, cache_max_bytes=1024 * KiB, cache_topic_max_bytes=512 * KiB
+    )
+    payloads = [bytes([i]) * payload_bytes for i in range(8)]
+    await append_all(store, "t", payloads)
+    region = store.regions[0]
+
+    # One worker thread, held busy: the readers' reads run only after the deletion.
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+    gate = threading.Event()
+    busy = loop.run_in_executor(None, gate.wait)
+    readers = [store.create_reader("t", offset, max_batch=1) for offset in range(4)]
+    reading = [asyncio.create_task(reader.next_batch()) for reader in readers]
+    await asyncio.sleep(0.01)
+    while info_of(store, "t").first_offset < 4:
+        region.delete_segment(min(region.sealed))
+    first = info_of(store, "t").first_offset
+    gate.set()
+    await busy
+
+    results = await within(asyncio.gather(*reading, return_exceptions=True))
+    for offset, (reader, got) in enumerate(zip(readers, results, strict=True)):
+        if isinstance(got, BaseException):  # the read noticed the deletion
+            assert isinstance(got, OffsetOutOfRangeError), repr(got)
+        else:  # or completed with the bytes it had started on
+            assert_sequence(got, offset, payloads[offset : offset + 1])
+        if reader.position < first:
+            with pytest.raises(OffsetOutOfRangeError):
+                await reader.next_batch()
+    assert_sequence(await read_topic(store, "t"), first, payloads[first:])
