@@ -253,6 +253,7 @@ class TopicReader:
         self._buffer: list[Entry] = []
         self._buffer_pos = 0
         self._closed = False
+        self._waiter: asyncio.Future[None] | None = None
 
     @property
     def position(self) -> int:
@@ -262,7 +263,11 @@ class TopicReader:
         return self._next
 
     def close(self) -> None:
+        """End the reader: a pending ``next_batch`` returns an empty batch."""
         self._closed = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def __aiter__(self) -> TopicReader:
         return self
@@ -309,7 +314,11 @@ class TopicReader:
                 continue
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             topic.waiters.append(waiter)
-            await waiter
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                self._waiter = None
 
     async def _read_segments(self, nxt: int, limit: int) -> list[Entry]:
         """Entries [nxt, limit) from segment files, at most ``max_batch`` of them."""

@@ -399,6 +399,7 @@ class RegionLog:
         for entry in entries:
             entry.offset = offset
             entry.ingest_ms = now
+            entry._batch = batch
             offset += 1
         topic.next_offset = offset
         pending = self._pending.get(topic)

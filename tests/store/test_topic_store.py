@@ -196,3 +196,23 @@ async def test_segment_deleted_under_a_reading_reader(
             with pytest.raises(OffsetOutOfRangeError):
                 await reader.next_batch()
     assert_sequence(await read_topic(store, "t"), first, payloads[first:])
+
+
+async def test_reader_close_wakes_a_waiting_reader() -> None:
+    store = await TopicStore.open(None)
+    reader = store.create_reader("/t/close", 0)
+    pending = asyncio.ensure_future(reader.next_batch())
+    await asyncio.sleep(0.01)
+    assert not pending.done()
+    reader.close()
+    assert await asyncio.wait_for(pending, 1.0) == []
+    await store.close()
+
+
+async def test_awaiting_an_entry_of_a_batch_returns_its_offset() -> None:
+    store = await TopicStore.open(None)
+    entries = [Entry(b"a"), Entry(b"b")]
+    offsets = await store.append_batch("/t/batch", entries)
+    assert list(offsets) == [0, 1]
+    assert [await entry for entry in entries] == [0, 1]
+    await store.close()
