@@ -1,0 +1,86 @@
+"""Metadata in etcd: the KV contract, broker sessions, topic ownership, progress, records.
+
+Everything a broker keeps in etcd goes through here; see ``keys.py`` for the key layout.
+``metadata`` never imports ``broker``, ``dispatch`` or ``store``.
+"""
+
+from danube_ingest.metadata.errors import (
+    BrokerIdConflictError,
+    CommitStateUnknownError,
+    EtcdServerError,
+    FencedError,
+    InvalidNameError,
+    LeaseExpiredError,
+    MetadataError,
+    MetadataUnavailableError,
+    RevisionCompactedError,
+)
+from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.keys import Keys, split_topic
+from danube_ingest.metadata.kv import (
+    KV,
+    Compare,
+    Delete,
+    Get,
+    KeyValue,
+    MemoryKV,
+    OpResult,
+    Put,
+    TxnOp,
+    TxnResult,
+    WatchEvent,
+    WatchStream,
+)
+from danube_ingest.metadata.offsets import OffsetReservation
+from danube_ingest.metadata.ownership import Owner, Ownership
+from danube_ingest.metadata.progress import ProgressUpdater
+from danube_ingest.metadata.records import (
+    ClientRecord,
+    Records,
+    SubscriptionRecord,
+    TopicRecord,
+    decode_cursor,
+    encode_cursor,
+)
+from danube_ingest.metadata.server import EtcdServer, find_etcd_binary
+from danube_ingest.metadata.session import BrokerSession
+
+__all__ = [
+    "KV",
+    "BrokerIdConflictError",
+    "BrokerSession",
+    "ClientRecord",
+    "CommitStateUnknownError",
+    "Compare",
+    "Delete",
+    "EtcdKV",
+    "EtcdServer",
+    "EtcdServerError",
+    "FencedError",
+    "Get",
+    "InvalidNameError",
+    "KeyValue",
+    "Keys",
+    "LeaseExpiredError",
+    "MemoryKV",
+    "MetadataError",
+    "MetadataUnavailableError",
+    "OffsetReservation",
+    "OpResult",
+    "Owner",
+    "Ownership",
+    "ProgressUpdater",
+    "Put",
+    "Records",
+    "RevisionCompactedError",
+    "SubscriptionRecord",
+    "TopicRecord",
+    "TxnOp",
+    "TxnResult",
+    "WatchEvent",
+    "WatchStream",
+    "decode_cursor",
+    "encode_cursor",
+    "find_etcd_binary",
+    "split_topic",
+]

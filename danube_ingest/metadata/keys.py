@@ -1,0 +1,157 @@
+"""Every metadata key, in one place. Values are JSON unless stated otherwise.
+
+Below the prefix (default ``/danube``); ``{ns}/{topic}`` comes from a topic name ``/ns/topic``::
+
+    brokers/{id}                                   {url, started_ms}; under the broker's lease
+    topics/{ns}/{topic}                            TopicRecord
+    topics/{ns}/{topic}/owner                      {broker, url, epoch}; under the owner's lease
+    topics/{ns}/{topic}/epoch                      last epoch handed out (int); no lease
+    topics/{ns}/{topic}/offsets                    {reserved}: offsets below may have been assigned
+    subscriptions/{ns}/{topic}/{sub}               SubscriptionRecord
+    subscriptions/{ns}/{topic}/{sub}/cursor        every offset below it is acked (int)
+    clients/{id}                                   ClientRecord
+    clients/next_id                                next client id to hand out (int)
+    schemas/...                                    schema registry
+    wal/{broker}/{region}/floor/{ns}/{topic}       prune mark
+    storage/topics/{ns}/{topic}/objects/{start:020}  manifest entry
+    tables/{ns}/{topic}/...                        Parquet frontiers and renditions
+
+A name segment (namespace, topic, subscription, broker id, region) is 1 to 255 characters
+without ``/``, whitespace or control characters, so every key parses back unambiguously.
+"""
+
+from __future__ import annotations
+
+import re
+
+from danube_ingest.metadata.errors import InvalidNameError
+
+_SEGMENT = re.compile(r"[^/\s\x00-\x1f\x7f]{1,255}")
+
+
+def check_segment(value: str, what: str) -> str:
+    """Return ``value`` if it can be one key segment, else raise ``InvalidNameError``."""
+    if not _SEGMENT.fullmatch(value) or value in (".", ".."):
+        raise InvalidNameError(
+            f"invalid {what} {value!r}: use 1-255 characters without '/', spaces or controls"
+        )
+    return value
+
+
+def split_topic(name: str) -> tuple[str, str]:
+    """``"/ns/topic"`` → ``("ns", "topic")``; ``InvalidNameError`` for any other shape."""
+    parts = name.split("/")
+    if len(parts) != 3 or parts[0] != "":
+        raise InvalidNameError(f"invalid topic name {name!r}: expected '/namespace/topic'")
+    return check_segment(parts[1], "namespace"), check_segment(parts[2], "topic")
+
+
+class Keys:
+    """Builds the keys of one deployment, all below ``prefix``."""
+
+    def __init__(self, prefix: str = "/danube") -> None:
+        prefix = prefix.rstrip("/")
+        if not prefix.startswith("/"):
+            raise InvalidNameError(f"invalid key prefix {prefix!r}: it must start with '/'")
+        self.prefix = prefix
+
+    def __repr__(self) -> str:
+        return f"Keys({self.prefix!r})"
+
+    def _topic_path(self, topic: str) -> str:
+        ns, name = split_topic(topic)
+        return f"{ns}/{name}"
+
+    # brokers
+
+    def brokers_prefix(self) -> str:
+        """Prefix of every broker registration."""
+        return f"{self.prefix}/brokers/"
+
+    def broker(self, broker_id: str) -> str:
+        """A broker's registration ``{url, started_ms}``, under its session lease."""
+        return f"{self.brokers_prefix()}{check_segment(broker_id, 'broker id')}"
+
+    # topics
+
+    def topics_prefix(self, ns: str | None = None) -> str:
+        """Prefix of every topic key, or of one namespace's."""
+        if ns is None:
+            return f"{self.prefix}/topics/"
+        return f"{self.prefix}/topics/{check_segment(ns, 'namespace')}/"
+
+    def topic(self, topic: str) -> str:
+        """The topic's ``TopicRecord``."""
+        return f"{self.prefix}/topics/{self._topic_path(topic)}"
+
+    def topic_owner(self, topic: str) -> str:
+        """The topic's owner ``{broker, url, epoch}``, under the owner's lease."""
+        return f"{self.topic(topic)}/owner"
+
+    def topic_epoch(self, topic: str) -> str:
+        """The last ownership epoch handed out for the topic (no lease, never decreases)."""
+        return f"{self.topic(topic)}/epoch"
+
+    def topic_offsets(self, topic: str) -> str:
+        """The topic's offset reservation ``{reserved}``."""
+        return f"{self.topic(topic)}/offsets"
+
+    # subscriptions
+
+    def subscriptions_prefix(self, topic: str) -> str:
+        """Prefix of every subscription of the topic (records and cursors)."""
+        return f"{self.prefix}/subscriptions/{self._topic_path(topic)}/"
+
+    def subscription(self, topic: str, subscription: str) -> str:
+        """The subscription's ``SubscriptionRecord``."""
+        sub = check_segment(subscription, "subscription name")
+        return f"{self.subscriptions_prefix(topic)}{sub}"
+
+    def subscription_cursor(self, topic: str, subscription: str) -> str:
+        """The subscription's cursor: every offset below it is acked."""
+        return f"{self.subscription(topic, subscription)}/cursor"
+
+    # clients
+
+    def clients_prefix(self) -> str:
+        """Prefix of every client registration (and of ``clients/next_id``)."""
+        return f"{self.prefix}/clients/"
+
+    def client(self, client_id: int) -> str:
+        """A persisted producer or consumer registration."""
+        if client_id < 1:
+            raise InvalidNameError(f"invalid client id {client_id}: ids start at 1")
+        return f"{self.clients_prefix()}{client_id}"
+
+    def clients_next_id(self) -> str:
+        """The next client id to hand out."""
+        return f"{self.clients_prefix()}next_id"
+
+    # schemas, storage, WAL marks, tables
+
+    def schemas_prefix(self) -> str:
+        """Prefix of the schema registry's keys (laid out by ``danube_ingest.schema``)."""
+        return f"{self.prefix}/schemas/"
+
+    def wal_floor(self, broker_id: str, region: str, topic: str) -> str:
+        """The prune mark of a topic in one broker's WAL region."""
+        return f"{self.wal_floors_prefix(broker_id, region)}{self._topic_path(topic)}"
+
+    def wal_floors_prefix(self, broker_id: str, region: str) -> str:
+        """Prefix of every prune mark of one broker's WAL region."""
+        broker = check_segment(broker_id, "broker id")
+        return f"{self.prefix}/wal/{broker}/{check_segment(region, 'region')}/floor/"
+
+    def storage_objects_prefix(self, topic: str) -> str:
+        """Prefix of the topic's manifest entries (in offset order: the keys are zero-padded)."""
+        return f"{self.prefix}/storage/topics/{self._topic_path(topic)}/objects/"
+
+    def storage_object(self, topic: str, start_offset: int) -> str:
+        """The manifest entry of the object holding the topic's range from ``start_offset``."""
+        if start_offset < 0:
+            raise InvalidNameError(f"invalid start offset {start_offset} for {topic}")
+        return f"{self.storage_objects_prefix(topic)}{start_offset:020d}"
+
+    def tables_prefix(self, topic: str) -> str:
+        """Prefix of the topic's Parquet frontiers and renditions."""
+        return f"{self.prefix}/tables/{self._topic_path(topic)}/"

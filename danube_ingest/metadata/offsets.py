@@ -1,0 +1,119 @@
+"""``OffsetReservation``: offsets are never reused across owners.
+
+``topics/{ns}/{topic}/offsets`` = ``{"reserved": N}`` means offsets below ``N`` may have been
+assigned by some owner. Before assigning an offset at or past ``N``, the owner raises ``N`` by a
+block in a fenced transaction; a new owner starts at the stored ``N``. A takeover may therefore
+leave a gap of up to a block, never a duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+from danube_ingest.metadata.errors import FencedError, MetadataError
+from danube_ingest.metadata.kv import Compare, Get, KeyValue, Put
+from danube_ingest.metadata.ownership import Owner, Ownership
+
+#: One fenced transaction per this many offsets; also the largest gap a takeover leaves.
+DEFAULT_BLOCK = 10_000
+#: Conflicts tolerated in a row: under fencing only a stale read can cause one.
+_ATTEMPTS = 3
+
+
+@dataclass
+class _Reserved:
+    epoch: int
+    """The acquisition this reservation was made (or read) under."""
+    reserved: int
+    stored: KeyValue | None
+
+
+class OffsetReservation:
+    """Offset reservations of the topics one ``Ownership`` holds. Use from one event loop.
+
+    Nothing is carried over from one acquisition of a topic to the next: state cached under
+    one epoch is re-read under another.
+    """
+
+    def __init__(self, ownership: Ownership, *, block: int = DEFAULT_BLOCK) -> None:
+        if block < 1:
+            raise MetadataError(f"offset reservation block must be at least 1, got {block}")
+        self._ownership = ownership
+        self.block = block
+        self._cache: dict[str, _Reserved] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        ownership.on_lost(self._forget)
+
+    async def start_offset(self, topic: str) -> int:
+        """The first offset this owner may assign: the stored reservation (0 if none).
+
+        The owner must start at ``max(start_offset, its own next offset)``. Raises
+        ``FencedError`` if this broker does not own the topic.
+        """
+        entry = await self._read(topic, self._owner(topic).epoch)
+        self._cache[topic] = entry
+        return entry.reserved
+
+    def covered(self, topic: str, next_offset: int) -> bool:
+        """Whether every offset below ``next_offset`` is reserved by this owner (no I/O)."""
+        owner = self._ownership.owned(topic)
+        entry = self._cache.get(topic)
+        return (
+            owner is not None
+            and entry is not None
+            and entry.epoch == owner.epoch
+            and next_offset <= entry.reserved
+        )
+
+    async def ensure(self, topic: str, next_offset: int) -> int:
+        """Make sure every offset below ``next_offset`` is reserved by this owner.
+
+        Returns the reservation. No I/O when already covered; otherwise raises it to at least
+        ``next_offset + block`` in one fenced transaction. Raises ``FencedError`` if this broker
+        does not own the topic: assign nothing then.
+        """
+        if self.covered(topic, next_offset):
+            return self._cache[topic].reserved
+        async with self._locks.setdefault(topic, asyncio.Lock()):
+            epoch = self._owner(topic).epoch
+            key = self._ownership.keys.topic_offsets(topic)
+            entry = self._cache.get(topic)
+            for _ in range(_ATTEMPTS):
+                if entry is None or entry.epoch != epoch:
+                    entry = await self._read(topic, epoch)
+                if next_offset <= entry.reserved:
+                    self._cache[topic] = entry
+                    return entry.reserved
+                reserved = max(next_offset, entry.reserved) + self.block
+                result = await self._ownership.fenced(
+                    topic,
+                    [Put(key, json.dumps({"reserved": reserved}).encode()), Get(key)],
+                    compares=[Compare.unchanged(key, entry.stored)],
+                )
+                if result.succeeded:
+                    self._cache[topic] = _Reserved(epoch, reserved, result.kv(1))
+                    return reserved
+                entry = None  # changed since read: read again
+            raise MetadataError(f"the offset reservation of {topic} kept changing under its owner")
+
+    def _owner(self, topic: str) -> Owner:
+        owner = self._ownership.owned(topic)
+        if owner is None:
+            raise FencedError(topic, f"cannot reserve offsets of {topic}: not its owner")
+        return owner
+
+    async def _read(self, topic: str, epoch: int) -> _Reserved:
+        key = self._ownership.keys.topic_offsets(topic)
+        stored = await self._ownership.kv.get(key)
+        if stored is None:
+            return _Reserved(epoch, 0, None)
+        try:
+            reserved = int(json.loads(stored.value)["reserved"])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise MetadataError(f"malformed offset reservation at {key}: {stored.value!r}") from exc
+        return _Reserved(epoch, reserved, stored)
+
+    def _forget(self, topic: str) -> None:
+        self._cache.pop(topic, None)

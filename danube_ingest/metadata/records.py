@@ -1,0 +1,313 @@
+"""Typed metadata records (topic, subscription, client registration) and their CRUD.
+
+Records are frozen dataclasses stored as JSON objects. Decoding ignores fields it does not
+know and fills missing optional ones with their defaults, so records written by a newer or
+older version still load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal, Self
+
+from danube_ingest.metadata.errors import InvalidNameError, MetadataError
+from danube_ingest.metadata.keys import Keys, check_segment, split_topic
+from danube_ingest.metadata.kv import KV, Compare, Delete, Get, Put
+
+ClientKind = Literal["producer", "consumer"]
+ValidationPolicy = Literal["none", "warn", "enforce"]
+
+#: Client id allocation gives up after this many lost races in a row (each lost race means
+#: another allocation succeeded, so this only trips under extreme contention).
+_ALLOCATE_ATTEMPTS = 1000
+
+
+def now_ms() -> int:
+    """Wall-clock time in milliseconds since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
+class _JsonRecord:
+    """JSON codec shared by the record dataclasses."""
+
+    def encode(self) -> bytes:
+        """The stored JSON value."""
+        assert dataclasses.is_dataclass(self)
+        return json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, key: str = "?") -> Self:
+        """Parse a stored value; ``MetadataError`` naming ``key`` if it is not a valid record."""
+        try:
+            raw = json.loads(data)
+            if not isinstance(raw, dict):
+                raise TypeError("not a JSON object")
+            assert dataclasses.is_dataclass(cls)
+            known = {f.name for f in dataclasses.fields(cls)}
+            return cls(**{k: _from_json(v) for k, v in raw.items() if k in known})
+        except (ValueError, TypeError) as exc:
+            raise MetadataError(f"malformed {cls.__name__} at {key}: {exc}") from exc
+
+
+def _from_json(value: Any) -> Any:
+    # JSON has no tuples; every list field of these records is a tuple.
+    return tuple(value) if isinstance(value, list) else value
+
+
+@dataclass(frozen=True)
+class TopicRecord(_JsonRecord):
+    """A topic's configuration, at ``topics/{ns}/{topic}``."""
+
+    name: str
+    """``/namespace/topic``."""
+    reliable: bool = True
+    """Reliable dispatch (stored in the WAL, acked) or non-reliable (in-memory fan-out)."""
+    partitions: int | None = None
+    """Number of partitions of a partitioned topic's parent, ``None`` for a plain topic."""
+    created_ms: int = field(default_factory=now_ms)
+    """When the topic was created."""
+    schema_subject: str | None = None
+    """Schema registry subject bound to the topic, if any."""
+    validation_policy: ValidationPolicy = "none"
+    """What to do with payloads that fail schema validation: none, warn or enforce."""
+
+    def __post_init__(self) -> None:
+        split_topic(self.name)
+        if self.validation_policy not in ("none", "warn", "enforce"):
+            raise InvalidNameError(f"invalid validation policy {self.validation_policy!r}")
+
+
+@dataclass(frozen=True)
+class SubscriptionRecord(_JsonRecord):
+    """A subscription, at ``subscriptions/{ns}/{topic}/{name}``."""
+
+    topic: str
+    """``/namespace/topic``."""
+    name: str
+    """The subscription name."""
+    sub_type: str
+    """Exclusive, Shared, Failover or KeyShared."""
+    created_ms: int = field(default_factory=now_ms)
+    """When the subscription was created."""
+
+    def __post_init__(self) -> None:
+        split_topic(self.topic)
+        check_segment(self.name, "subscription name")
+
+
+@dataclass(frozen=True)
+class ClientRecord(_JsonRecord):
+    """A persisted producer or consumer registration, at ``clients/{client_id}``."""
+
+    client_id: int
+    """Unique id from :meth:`Records.allocate_client_id`."""
+    kind: ClientKind
+    """``"producer"`` or ``"consumer"``."""
+    topic: str
+    """``/namespace/topic``."""
+    name: str
+    """The producer or consumer name chosen by the client."""
+    subscription: str | None = None
+    """The consumer's subscription (``None`` for producers)."""
+    sub_type: str | None = None
+    """The consumer's subscription type (``None`` for producers)."""
+    key_filters: tuple[str, ...] = ()
+    """KeyShared glob filters of a consumer."""
+    reliable: bool = True
+    """Whether the client uses reliable dispatch."""
+    created_ms: int = field(default_factory=now_ms)
+    """When the client registered."""
+
+    def __post_init__(self) -> None:
+        split_topic(self.topic)
+        if self.kind not in ("producer", "consumer"):
+            raise InvalidNameError(f"invalid client kind {self.kind!r}")
+        if self.kind == "consumer" and self.subscription is None:
+            raise InvalidNameError(f"consumer {self.name!r} of {self.topic} has no subscription")
+
+
+def encode_cursor(offset: int) -> bytes:
+    """A cursor's stored value ``{"offset": N}`` (for ``ProgressUpdater.set``)."""
+    return json.dumps({"offset": offset}).encode()
+
+
+def decode_cursor(data: bytes, key: str = "?") -> int:
+    """The offset of a stored cursor; ``MetadataError`` naming ``key`` if it is malformed."""
+    try:
+        return int(json.loads(data)["offset"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise MetadataError(f"malformed cursor at {key}: {data!r}") from exc
+
+
+def _decode_int(data: bytes, key: str) -> int:
+    try:
+        return int(json.loads(data))
+    except (ValueError, TypeError) as exc:
+        raise MetadataError(f"malformed integer at {key}: {data!r}") from exc
+
+
+class Records:
+    """CRUD of topic, subscription, cursor and client records.
+
+    Single-key writes are plain puts; anything that must not clobber a concurrent writer is a
+    transaction (topic creation, client id allocation).
+    """
+
+    def __init__(self, kv: KV, keys: Keys) -> None:
+        self.kv = kv
+        self.keys = keys
+
+    # topics
+
+    async def create_topic_if_absent(self, record: TopicRecord) -> tuple[TopicRecord, bool]:
+        """Store ``record`` unless the topic exists, atomically.
+
+        Returns ``(stored record, created)``: ``(record, True)`` if it was created, else the
+        existing record and ``False``.
+        """
+        key = self.keys.topic(record.name)
+        result = await self.kv.txn([Compare.absent(key)], [Put(key, record.encode())], [Get(key)])
+        existing = result.kv(0)
+        if result.succeeded or existing is None:
+            return record, True
+        return TopicRecord.decode(existing.value, key), False
+
+    async def get_topic(self, name: str) -> TopicRecord | None:
+        """The topic's record, ``None`` if it does not exist."""
+        key = self.keys.topic(name)
+        stored = await self.kv.get(key)
+        return None if stored is None else TopicRecord.decode(stored.value, key)
+
+    async def list_topics(self, ns: str | None = None) -> list[TopicRecord]:
+        """Every topic (of one namespace if given), in name order."""
+        head = self.keys.topics_prefix()
+        records = []
+        for stored in await self.kv.get_prefix(self.keys.topics_prefix(ns)):
+            if stored.key[len(head) :].count("/") == 1:  # {ns}/{topic}, not .../owner etc.
+                records.append(TopicRecord.decode(stored.value, stored.key))
+        return records
+
+    async def delete_topic(self, name: str) -> bool:
+        """Delete the topic's record, subscriptions, cursors and owner key in one transaction.
+
+        Its epoch and offset reservation stay, so a re-created topic never reuses an offset.
+        Returns whether the topic existed.
+        """
+        result = await self.kv.txn(
+            [],
+            [
+                Delete(self.keys.topic(name)),
+                Delete(self.keys.subscriptions_prefix(name), prefix=True),
+                Delete(self.keys.topic_owner(name)),
+            ],
+        )
+        return result.responses[0].deleted > 0
+
+    # subscriptions and cursors
+
+    async def put_subscription(self, record: SubscriptionRecord) -> None:
+        """Store (create or replace) the subscription's record."""
+        await self.kv.put(self.keys.subscription(record.topic, record.name), record.encode())
+
+    async def get_subscription(self, topic: str, name: str) -> SubscriptionRecord | None:
+        """The subscription's record, ``None`` if it does not exist."""
+        key = self.keys.subscription(topic, name)
+        stored = await self.kv.get(key)
+        return None if stored is None else SubscriptionRecord.decode(stored.value, key)
+
+    async def list_subscriptions(self, topic: str) -> list[SubscriptionRecord]:
+        """Every subscription of the topic, in name order."""
+        head = self.keys.subscriptions_prefix(topic)
+        return [
+            SubscriptionRecord.decode(stored.value, stored.key)
+            for stored in await self.kv.get_prefix(head)
+            if "/" not in stored.key[len(head) :]  # the record, not its cursor
+        ]
+
+    async def delete_subscription(self, topic: str, name: str) -> bool:
+        """Delete the subscription and its cursor; returns whether it existed."""
+        result = await self.kv.txn(
+            [],
+            [
+                Delete(self.keys.subscription(topic, name)),
+                Delete(self.keys.subscription_cursor(topic, name)),
+            ],
+        )
+        return result.responses[0].deleted > 0
+
+    def cursor_key(self, topic: str, subscription: str) -> str:
+        """The key of the subscription's cursor (what ``ProgressUpdater.set`` is given)."""
+        return self.keys.subscription_cursor(topic, subscription)
+
+    async def get_cursor(self, topic: str, subscription: str) -> int | None:
+        """The subscription's stored cursor, ``None`` if none was stored yet."""
+        key = self.cursor_key(topic, subscription)
+        stored = await self.kv.get(key)
+        return None if stored is None else decode_cursor(stored.value, key)
+
+    async def set_cursor(self, topic: str, subscription: str, offset: int) -> None:
+        """Store the cursor directly, unfenced (admin use; owners go through ProgressUpdater)."""
+        await self.kv.put(self.cursor_key(topic, subscription), encode_cursor(offset))
+
+    # clients
+
+    async def allocate_client_id(self) -> int:
+        """A client id never handed out before (ids start at 1), also under concurrency."""
+        key = self.keys.clients_next_id()
+        seen = await self.kv.get(key)
+        for _ in range(_ALLOCATE_ATTEMPTS):
+            next_id = 1 if seen is None else _decode_int(seen.value, key)
+            result = await self.kv.txn(
+                [Compare.unchanged(key, seen)],
+                [Put(key, str(next_id + 1).encode())],
+                [Get(key)],
+            )
+            if result.succeeded:
+                return next_id
+            seen = result.kv(0)
+        raise MetadataError(f"client id allocation lost {_ALLOCATE_ATTEMPTS} races in a row")
+
+    async def put_client(self, record: ClientRecord) -> None:
+        """Store (create or replace) a client registration."""
+        await self.kv.put(self.keys.client(record.client_id), record.encode())
+
+    async def get_client(self, client_id: int) -> ClientRecord | None:
+        """A client registration, ``None`` if there is none."""
+        key = self.keys.client(client_id)
+        stored = await self.kv.get(key)
+        return None if stored is None else ClientRecord.decode(stored.value, key)
+
+    async def delete_client(self, client_id: int) -> bool:
+        """Delete a client registration; returns whether it existed."""
+        return await self.kv.delete(self.keys.client(client_id)) > 0
+
+    async def list_clients(self) -> list[ClientRecord]:
+        """Every client registration."""
+        next_id = self.keys.clients_next_id()
+        return [
+            ClientRecord.decode(stored.value, stored.key)
+            for stored in await self.kv.get_prefix(self.keys.clients_prefix())
+            if stored.key != next_id
+        ]
+
+    async def find_producer(self, topic: str, name: str) -> ClientRecord | None:
+        """The registration of the producer ``name`` on ``topic``, if any (scans clients)."""
+        for record in await self.list_clients():
+            if record.kind == "producer" and record.topic == topic and record.name == name:
+                return record
+        return None
+
+    async def find_consumer(self, topic: str, subscription: str, name: str) -> ClientRecord | None:
+        """The registration of consumer ``name`` of ``subscription`` on ``topic``, if any."""
+        for record in await self.list_clients():
+            if (
+                record.kind == "consumer"
+                and record.topic == topic
+                and record.subscription == subscription
+                and record.name == name
+            ):
+                return record
+        return None

@@ -1,0 +1,53 @@
+"""Shared fixtures: one real etcd per test session, and metadata stores on top of it.
+
+* ``etcd_server`` (session): the endpoint URL of a real single-node etcd (fast raft timings)
+  in a temp dir. Every test that uses it is marked ``etcd`` automatically.
+* ``etcd_kv``: an ``EtcdKV`` connected to it, closed after the test.
+* ``kv``: the same test twice, on ``MemoryKV`` and on ``EtcdKV`` (contract tests).
+* ``keys``: ``Keys`` on a fresh random prefix, so tests sharing the server never collide.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from danube_ingest.metadata import KV, EtcdKV, Keys, MemoryKV
+from danube_ingest.testing import LocalEtcd
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "etcd_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.etcd)
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[str]:
+    with LocalEtcd() as etcd:
+        yield etcd.endpoint
+
+
+@pytest.fixture
+async def etcd_kv(etcd_server: str) -> AsyncIterator[EtcdKV]:
+    kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+    yield kv
+    await kv.close()
+
+
+@pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])
+async def kv(request: pytest.FixtureRequest) -> AsyncIterator[KV]:
+    store: KV
+    if request.param == "memory":
+        store = MemoryKV()
+    else:
+        store = await EtcdKV.connect([request.getfixturevalue("etcd_server")], timeout=5.0)
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+def keys() -> Keys:
+    return Keys(prefix=f"/test-{uuid.uuid4().hex[:12]}")

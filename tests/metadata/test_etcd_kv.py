@@ -1,0 +1,81 @@
+"""EtcdKV specifics: connecting, and how etcd failures surface."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from danube_ingest.metadata import (
+    CommitStateUnknownError,
+    EtcdKV,
+    MetadataUnavailableError,
+    Put,
+)
+from danube_ingest.metadata.etcd import parse_endpoint
+from danube_ingest.testing import LocalEtcd, free_port
+
+from .conftest import frozen
+
+pytestmark = pytest.mark.etcd
+
+
+def test_parse_endpoint() -> None:
+    assert parse_endpoint("http://127.0.0.1:2379") == ("127.0.0.1", 2379)
+    assert parse_endpoint("10.0.0.1:23790") == ("10.0.0.1", 23790)
+    assert parse_endpoint("http://etcd") == ("etcd", 2379)
+
+
+async def test_unreachable_endpoint_raises_unavailable_naming_it() -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(MetadataUnavailableError, match=endpoint) as caught:
+        await EtcdKV.connect([endpoint], timeout=0.5)
+    assert time.monotonic() - started < 2
+    assert caught.value.retriable
+
+
+async def test_connect_uses_the_first_endpoint_that_answers(etcd_server: str) -> None:
+    closed = f"http://127.0.0.1:{free_port()}"
+    kv = await EtcdKV.connect([closed, etcd_server], timeout=1.0)
+    try:
+        assert kv.endpoint == etcd_server
+    finally:
+        await kv.close()
+
+
+async def test_timeouts_against_a_frozen_server() -> None:
+    """A write that times out has an unknown outcome; a read that times out is just unavailable."""
+    async with LocalEtcd() as etcd:
+        kv = await etcd.connect(timeout=0.3)
+        pid = etcd.server.pid
+        assert pid is not None
+        with frozen(pid):
+            with pytest.raises(CommitStateUnknownError, match="re-read before retrying") as caught:
+                await kv.txn([], [Put("/frozen/a", b"1")])
+            assert not caught.value.retriable
+            with pytest.raises(MetadataUnavailableError):
+                await kv.get("/frozen/a")
+        # Once the server runs again the same client works again. Whether the timed-out write
+        # landed depends on whether etcd saw it before its deadline: it sometimes does, which is
+        # why such a write must be re-read, never assumed to have failed.
+        stored = await kv.get("/frozen/a")
+        assert stored is None or stored.value == b"1"
+        await kv.close()
+
+
+async def test_stopped_server_makes_watch_raise_unavailable() -> None:
+    etcd = LocalEtcd()
+    await asyncio.to_thread(etcd.start)
+    try:
+        kv = await etcd.connect(timeout=1.0)
+        stream = await kv.watch_prefix("/w/")
+        await asyncio.to_thread(etcd.server.stop)
+        with pytest.raises(MetadataUnavailableError):
+            await asyncio.wait_for(anext(stream), 5)
+        with pytest.raises(MetadataUnavailableError):
+            await kv.get("/w/a")
+        await kv.close()
+    finally:
+        await asyncio.to_thread(etcd.stop)
