@@ -12,10 +12,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from danube_ingest.cli import wal
+from danube_ingest.cli import admin, broker, client, wal
 from danube_ingest.errors import DanubeIngestError
 
-_GROUPS = (wal,)
+_GROUPS = (broker, client, admin, wal)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 import pytest
 
+from danube_ingest.metadata.keys import Keys
+from danube_ingest.metadata.kv import KV, MemoryKV
 from danube_ingest.schema import MemorySchemaStore, SchemaStore
+from danube_ingest.schema.kvstore import KVSchemaStore
 
 STORES: dict[str, Callable[[], SchemaStore]] = {"memory": MemorySchemaStore}
 
 
-@pytest.fixture(params=sorted(STORES))
+@pytest.fixture(
+    params=[*sorted(STORES), "kv-memory", pytest.param("kv-etcd", marks=pytest.mark.etcd)]
+)
 def any_store(request: pytest.FixtureRequest) -> SchemaStore:
+    # "kv-*": the production store, on the metadata KV (in memory, and a real etcd).
+    if request.param == "kv-memory":
+        return KVSchemaStore(MemoryKV(), Keys(f"/t{uuid.uuid4().hex}"))
+    if request.param == "kv-etcd":
+        kv: KV = request.getfixturevalue("etcd_kv")
+        return KVSchemaStore(kv, Keys(f"/t{uuid.uuid4().hex}"))
     return STORES[request.param]()
 
 

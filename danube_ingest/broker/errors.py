@@ -1,0 +1,53 @@
+"""Errors of the broker layer and the gRPC status each one is answered with.
+
+::
+
+    BrokerError                     status
+     ├── TopicNotFoundError          NOT_FOUND
+     ├── UnknownClientError          NOT_FOUND            unknown producer or consumer id
+     ├── NotOwnerError               UNAVAILABLE          another broker owns the topic (retriable)
+     ├── StrategyMismatchError       FAILED_PRECONDITION  reliable vs non-reliable, or sub type
+     ├── InvalidRequestError         INVALID_ARGUMENT     oversize payload, too many attributes...
+     └── LimitExceededError          RESOURCE_EXHAUSTED   too many producers / consumers
+
+Errors raised by other layers are mapped in ``broker.status``.
+"""
+
+from __future__ import annotations
+
+from danube_ingest.errors import DanubeIngestError
+
+
+class BrokerError(DanubeIngestError):
+    """Root of the broker's request errors."""
+
+
+class TopicNotFoundError(BrokerError):
+    pass
+
+
+class UnknownClientError(BrokerError):
+    pass
+
+
+class NotOwnerError(BrokerError):
+    """The topic is owned by another live broker; look it up again."""
+
+    retriable = True
+
+    def __init__(self, topic: str, owner_url: str | None) -> None:
+        super().__init__(f"topic {topic} is owned by {owner_url or 'another broker'}")
+        self.topic = topic
+        self.owner_url = owner_url
+
+
+class StrategyMismatchError(BrokerError):
+    pass
+
+
+class InvalidRequestError(BrokerError):
+    pass
+
+
+class LimitExceededError(BrokerError):
+    retriable = True

@@ -1,0 +1,158 @@
+"""Broker: one daemon serving Danube's client protocol on one port.
+
+Start-up order: recover the WAL (nothing is served before recovery finished), connect to etcd,
+bind the port, register the broker under a lease, start serving. Shutdown (``stop``) is the
+reverse and loses nothing: streams end, in-flight publishes finish or fail within the grace
+period, cursors are flushed, topics are released so another broker can take them over at once,
+the WAL is synced and closed, the lease is revoked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import grpc
+from danube.proto import SchemaRegistry_pb2_grpc as schema_grpc
+
+from danube_ingest.broker.services import add_services
+from danube_ingest.broker.topics import TopicManager
+from danube_ingest.config import BrokerConfig
+from danube_ingest.dispatch import DispatchPolicy, PoisonPolicy
+from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.keys import Keys
+from danube_ingest.metadata.kv import KV, MemoryKV
+from danube_ingest.metadata.offsets import OffsetReservation
+from danube_ingest.metadata.ownership import Ownership
+from danube_ingest.metadata.progress import ProgressUpdater
+from danube_ingest.metadata.records import Records
+from danube_ingest.metadata.session import BrokerSession
+from danube_ingest.schema.kvstore import KVSchemaStore
+from danube_ingest.schema.registry import SchemaRegistry
+from danube_ingest.schema.service import SchemaRegistryServicer
+from danube_ingest.store import TopicStore
+
+log = logging.getLogger(__name__)
+
+#: gRPC frames carry a payload plus headers; leave room above the payload limit for them.
+_GRPC_OVERHEAD = 64 * 1024
+
+
+def dispatch_policy(config: BrokerConfig) -> DispatchPolicy:
+    """The reliable dispatch policy the ``dispatch`` and ``limits`` sections describe."""
+    d = config.dispatch
+    return DispatchPolicy(
+        max_unacked=config.limits.max_unacked_messages,
+        ack_timeout_s=float(d.ack_timeout_seconds),
+        nack_base_delay_s=d.nack_base_delay_ms / 1000,
+        redelivery_base_s=d.redelivery_base_ms / 1000,
+        redelivery_max_s=d.redelivery_max_ms / 1000,
+        max_redeliveries=d.max_redeliveries,
+        poison=PoisonPolicy(d.poison_policy),
+        dead_letter_topic=d.dead_letter_topic,
+    )
+
+
+class Broker:
+    """The ingest daemon. ``await start()``, then ``await stop()`` (or ``serve_until``)."""
+
+    def __init__(self, config: BrokerConfig, *, kv: KV | None = None) -> None:
+        self.config = config
+        self._kv = kv
+        self._owns_kv = kv is None
+        self._server: grpc.aio.Server | None = None
+        self.store: TopicStore | None = None
+        self.manager: TopicManager | None = None
+        self._session: BrokerSession | None = None
+        self._progress: ProgressUpdater | None = None
+        self._ownership: Ownership | None = None
+        self.port = 0
+        self.url = ""
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        config = self.config
+        self.store = await TopicStore.from_config(config)
+        if self._kv is None:
+            endpoints = config.etcd.endpoints
+            if endpoints == ["memory"]:
+                self._kv = MemoryKV()
+            else:
+                self._kv = await EtcdKV.connect(
+                    endpoints, timeout=config.etcd.connect_timeout_seconds
+                )
+        kv = self._kv
+        keys = Keys(config.etcd.prefix)
+        max_message = config.limits.max_payload_bytes + _GRPC_OVERHEAD
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", max_message),
+                ("grpc.max_send_message_length", max_message),
+            ]
+        )
+        self.port = server.add_insecure_port(config.broker.listen)
+        host = config.broker.listen.rsplit(":", 1)[0]
+        self.url = config.broker.advertised_url or f"http://{host}:{self.port}"
+        self._session = BrokerSession(
+            kv, keys, config.broker.broker_id, self.url, ttl=config.etcd.lease_ttl_seconds
+        )
+        await self._session.start()
+        ownership = Ownership(kv, keys, self._session)
+        self._ownership = ownership
+        self._progress = ProgressUpdater(ownership)
+        records = Records(kv, keys)
+        schemas = SchemaRegistry(KVSchemaStore(kv, keys))
+        self.manager = TopicManager(
+            broker_id=config.broker.broker_id,
+            broker_url=self.url,
+            store=self.store,
+            records=records,
+            keys=keys,
+            ownership=ownership,
+            reservations=OffsetReservation(ownership),
+            progress=self._progress,
+            schemas=schemas,
+            limits=config.limits,
+            policy=dispatch_policy(config),
+        )
+        add_services(server, self.manager)
+        schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), server)
+        await server.start()
+        self._server = server
+        log.info(
+            "broker started broker_id=%s url=%s wal=%s",
+            config.broker.broker_id,
+            self.url,
+            config.wal_dir() if config.storage.mode != "memory" else "memory",
+        )
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Shut down cleanly (see the module docs). Idempotent."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self.manager is not None:
+            self.manager.end_streams()
+        if self._server is not None:
+            await self._server.stop(grace)
+        if self.manager is not None:
+            await self.manager.close()
+        if self._progress is not None:
+            await self._progress.close()
+        if self._ownership is not None:
+            await self._ownership.close()
+        if self.store is not None:
+            await self.store.close()
+        if self._session is not None:
+            await self._session.close()
+        if self._kv is not None and self._owns_kv:
+            await self._kv.close()
+        log.info("broker stopped broker_id=%s", self.config.broker.broker_id)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    @property
+    def data_dir(self) -> Path:
+        return self.config.broker.data_dir

@@ -1,0 +1,220 @@
+"""gRPC servicers for Danube's client protocol, on top of the TopicManager.
+
+They only translate: requests into TopicManager calls, our errors into the status codes
+danube-client expects (see ``status_for``), results into responses. Every error answer names
+the topic, id or limit involved.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import DanubeApi_pb2_grpc as pb_grpc
+
+from danube_ingest.broker.errors import (
+    InvalidRequestError,
+    LimitExceededError,
+    NotOwnerError,
+    StrategyMismatchError,
+    TopicNotFoundError,
+    UnknownClientError,
+)
+from danube_ingest.broker.names import InvalidTopicNameError
+from danube_ingest.broker.topics import TopicManager
+from danube_ingest.dispatch import SubscriptionBusyError, SubscriptionType
+from danube_ingest.errors import (
+    DanubeIngestError,
+    PayloadTooLargeError,
+    WalBackpressureError,
+    WalClosedError,
+    WalFailedError,
+)
+from danube_ingest.metadata.errors import (
+    CommitStateUnknownError,
+    FencedError,
+    MetadataUnavailableError,
+)
+from danube_ingest.schema.errors import (
+    IncompatibleSchemaError,
+    InvalidSchemaError,
+    PayloadValidationError,
+    SchemaMismatchError,
+    SchemaNotFoundError,
+)
+
+log = logging.getLogger(__name__)
+
+_STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (InvalidTopicNameError, grpc.StatusCode.INVALID_ARGUMENT),
+    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (PayloadTooLargeError, grpc.StatusCode.INVALID_ARGUMENT),
+    (PayloadValidationError, grpc.StatusCode.INVALID_ARGUMENT),
+    (InvalidSchemaError, grpc.StatusCode.INVALID_ARGUMENT),
+    (TopicNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (UnknownClientError, grpc.StatusCode.NOT_FOUND),
+    (SchemaNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (StrategyMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
+    (SchemaMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
+    (IncompatibleSchemaError, grpc.StatusCode.FAILED_PRECONDITION),
+    (SubscriptionBusyError, grpc.StatusCode.PERMISSION_DENIED),
+    (NotOwnerError, grpc.StatusCode.UNAVAILABLE),
+    (FencedError, grpc.StatusCode.UNAVAILABLE),
+    (MetadataUnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (CommitStateUnknownError, grpc.StatusCode.UNAVAILABLE),
+    (WalClosedError, grpc.StatusCode.UNAVAILABLE),
+    (WalBackpressureError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (LimitExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (WalFailedError, grpc.StatusCode.INTERNAL),
+)
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    """The status code a danube-client sees for ``exc``.
+
+    UNAVAILABLE, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED make the client retry (with a fresh
+    lookup before re-creating); every other status reaches the application.
+    """
+    for kind, code in _STATUS:
+        if isinstance(exc, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    code = status_for(exc)
+    if code == grpc.StatusCode.INTERNAL and not isinstance(exc, DanubeIngestError):
+        log.exception("internal error serving a request", exc_info=exc)
+    await context.abort(code, str(exc))
+
+
+class DiscoveryService(pb_grpc.DiscoveryServicer):  # type: ignore[misc]
+    def __init__(self, manager: TopicManager) -> None:
+        self._manager = manager
+
+    async def TopicLookup(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            local, url = await self._manager.lookup(request.topic)
+        except Exception as exc:
+            await _abort(context, exc)
+            raise
+        return pb.TopicLookupResponse(
+            request_id=request.request_id,
+            response_type=pb.TopicLookupResponse.Connect
+            if local
+            else pb.TopicLookupResponse.Redirect,
+            connect_url=url,
+            broker_url=url,
+            proxy=False,
+        )
+
+    async def TopicPartitions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            partitions = await self._manager.partitions(request.topic)
+        except Exception as exc:
+            await _abort(context, exc)
+            raise
+        return pb.TopicPartitionsResponse(request_id=request.request_id, partitions=partitions)
+
+
+class ProducerService(pb_grpc.ProducerServiceServicer):  # type: ignore[misc]
+    def __init__(self, manager: TopicManager) -> None:
+        self._manager = manager
+
+    async def CreateProducer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            producer_id = await self._manager.create_producer(
+                request.topic_name,
+                request.producer_name,
+                request.dispatch_strategy == pb.Reliable,
+                request.schema_ref.subject if request.HasField("schema_ref") else None,
+            )
+        except Exception as exc:
+            await _abort(context, exc)
+            raise
+        return pb.ProducerResponse(
+            request_id=request.request_id,
+            producer_id=producer_id,
+            producer_name=request.producer_name,
+        )
+
+    async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            await self._manager.publish(request)
+        except Exception as exc:
+            await _abort(context, exc)
+            raise
+        return pb.MessageResponse(request_id=request.request_id)
+
+
+class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
+    def __init__(self, manager: TopicManager) -> None:
+        self._manager = manager
+
+    async def Subscribe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            sub_type = SubscriptionType(request.subscription_type)
+            consumer_id = await self._manager.subscribe(
+                request.topic_name,
+                request.subscription,
+                request.consumer_name,
+                sub_type,
+                list(request.key_filters),
+            )
+        except Exception as exc:
+            await _abort(context, exc)
+            raise
+        return pb.ConsumerResponse(
+            request_id=request.request_id,
+            consumer_id=consumer_id,
+            consumer_name=request.consumer_name,
+        )
+
+    async def ReceiveMessages(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        try:
+            stream = self._manager.receive(request.consumer_id)
+            async for message in stream:
+                yield message
+        except Exception as exc:
+            await _abort(context, exc)
+            raise
+
+    async def Ack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._manager.ack(
+            request.msg_id.topic_name, request.subscription_name, request.msg_id.topic_offset
+        )
+        return pb.AckResponse(request_id=request.request_id)
+
+    async def Nack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._manager.nack(
+            request.msg_id.topic_name,
+            request.subscription_name,
+            request.msg_id.topic_offset,
+            request.delay_ms,
+            request.reason,
+        )
+        return pb.NackResponse(request_id=request.request_id)
+
+
+class HealthService(pb_grpc.HealthCheckServicer):  # type: ignore[misc]
+    def __init__(self, manager: TopicManager) -> None:
+        self._manager = manager
+
+    async def HealthCheck(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        ok = await self._manager.health(
+            request.client == pb.HealthCheckRequest.Consumer, request.id
+        )
+        status = pb.HealthCheckResponse.OK if ok else pb.HealthCheckResponse.CLOSE
+        return pb.HealthCheckResponse(status=status)
+
+
+def add_services(server: grpc.aio.Server, manager: TopicManager) -> None:
+    pb_grpc.add_DiscoveryServicer_to_server(DiscoveryService(manager), server)
+    pb_grpc.add_ProducerServiceServicer_to_server(ProducerService(manager), server)
+    pb_grpc.add_ConsumerServiceServicer_to_server(ConsumerService(manager), server)
+    pb_grpc.add_HealthCheckServicer_to_server(HealthService(manager), server)

@@ -1,0 +1,119 @@
+"""``danube-ingest topics``, ``subscriptions`` and ``status``: cluster state, read from etcd."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.keys import Keys
+from danube_ingest.metadata.ownership import Owner
+from danube_ingest.metadata.records import Records
+
+
+def register(commands: Any) -> None:
+    topics = commands.add_parser("topics", help="list topics with owner and dispatch strategy")
+    _etcd_options(topics)
+    topics.add_argument("--namespace", help="only this namespace")
+    topics.set_defaults(handler=_sync(_topics))
+
+    subs = commands.add_parser("subscriptions", help="list a topic's subscriptions and cursors")
+    _etcd_options(subs)
+    subs.add_argument("--topic", required=True, help="topic name, /namespace/topic")
+    subs.set_defaults(handler=_sync(_subscriptions))
+
+    status = commands.add_parser("status", help="brokers, topics and clients in the cluster")
+    _etcd_options(status)
+    status.set_defaults(handler=_sync(_status))
+
+
+def _etcd_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--etcd", default="http://127.0.0.1:2379", help="etcd endpoint URL(s)")
+    parser.add_argument("--prefix", default="/danube", help="metadata key prefix")
+
+
+def _sync(handler: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        return int(asyncio.run(handler(args)))
+
+    return run
+
+
+async def _connect(args: argparse.Namespace) -> tuple[EtcdKV, Keys, Records]:
+    kv = await EtcdKV.connect(args.etcd.split(","), timeout=5.0)
+    keys = Keys(args.prefix)
+    return kv, keys, Records(kv, keys)
+
+
+async def _owner(kv: EtcdKV, keys: Keys, topic: str) -> Owner | None:
+    key = keys.topic_owner(topic)
+    found = await kv.get(key)
+    return None if found is None else Owner.decode(found.value, key)
+
+
+async def _topics(args: argparse.Namespace) -> int:
+    kv, keys, records = await _connect(args)
+    try:
+        rows = []
+        for record in await records.list_topics(args.namespace):
+            owner = await _owner(kv, keys, record.name)
+            rows.append(
+                (
+                    record.name,
+                    "reliable" if record.reliable else "non-reliable",
+                    f"{owner.broker_id} (epoch {owner.epoch})" if owner else "-",
+                )
+            )
+        _table(("topic", "dispatch", "owner"), rows)
+    finally:
+        await kv.close()
+    return 0
+
+
+async def _subscriptions(args: argparse.Namespace) -> int:
+    kv, _keys, records = await _connect(args)
+    try:
+        rows = []
+        for sub in await records.list_subscriptions(args.topic):
+            cursor = await records.get_cursor(args.topic, sub.name)
+            rows.append((sub.name, sub.sub_type, "-" if cursor is None else str(cursor)))
+        _table(("subscription", "type", "cursor"), rows)
+    finally:
+        await kv.close()
+    return 0
+
+
+async def _status(args: argparse.Namespace) -> int:
+    kv, keys, records = await _connect(args)
+    try:
+        brokers = await kv.get_prefix(keys.brokers_prefix())
+        print(f"brokers ({len(brokers)} live):")
+        for item in brokers:
+            info = json.loads(item.value)
+            print(f"  {item.key.rsplit('/', 1)[-1]}  {info.get('url', '?')}")
+        topics = await records.list_topics()
+        owned: dict[str, int] = {}
+        for record in topics:
+            owner = await _owner(kv, keys, record.name)
+            name = owner.broker_id if owner else "(unowned)"
+            owned[name] = owned.get(name, 0) + 1
+        print(f"topics: {len(topics)}")
+        for name, count in sorted(owned.items()):
+            print(f"  {name}: {count}")
+        clients = await records.list_clients()
+        producers = sum(1 for c in clients if c.kind == "producer")
+        print(f"clients: {producers} producers, {len(clients) - producers} consumers registered")
+    finally:
+        await kv.close()
+    return 0
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
+    if not rows:
+        print("(none)")

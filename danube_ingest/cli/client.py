@@ -1,0 +1,179 @@
+"""``danube-ingest produce`` and ``consume``: talk to a broker through the real danube-client."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any
+
+import grpc
+from danube import (
+    ConsumerOptions,
+    DanubeClientBuilder,
+    DanubeError,
+    DispatchStrategy,
+    ProducerOptions,
+    SubType,
+)
+
+_SUB_TYPES = {
+    "exclusive": SubType.EXCLUSIVE,
+    "shared": SubType.SHARED,
+    "failover": SubType.FAILOVER,
+    "key_shared": SubType.KEY_SHARED,
+}
+
+
+def register(commands: Any) -> None:
+    produce = commands.add_parser("produce", help="publish messages to a topic")
+    _common(produce)
+    produce.add_argument("--count", type=int, default=10, help="messages to send")
+    produce.add_argument("--message", default="hello from danube-ingest", help="payload text")
+    produce.add_argument("--size", type=int, help="send payloads of this many bytes instead")
+    produce.add_argument("--producer-name", default="cli-producer", help="producer name")
+    produce.add_argument("--partitions", type=int, default=0, help="partitioned topic (N)")
+    produce.add_argument("--key", help="routing key (for key-shared subscriptions)")
+    produce.add_argument(
+        "--non-reliable", action="store_true", help="non-reliable topic (no WAL, live only)"
+    )
+    produce.add_argument("--rate", type=float, default=0.0, help="messages/s (0: as fast)")
+    produce.set_defaults(handler=_produce)
+
+    consume = commands.add_parser("consume", help="receive (and acknowledge) messages")
+    _common(consume)
+    consume.add_argument("--subscription", default="cli-subscription", help="subscription")
+    consume.add_argument("--consumer-name", default="cli-consumer", help="consumer name")
+    consume.add_argument("--type", choices=sorted(_SUB_TYPES), default="exclusive")
+    consume.add_argument("--count", type=int, default=0, help="stop after N (0: forever)")
+    consume.add_argument("--quiet", action="store_true", help="show progress, not messages")
+    consume.set_defaults(handler=_consume)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--service-url", default="http://127.0.0.1:6650", help="broker URL to start from"
+    )
+    parser.add_argument("--topic", required=True, help="topic name, /namespace/topic")
+
+
+class _Progress:
+    """One self-overwriting status line on a terminal, plain lines otherwise."""
+
+    def __init__(self, verb: str, total: int) -> None:
+        self.verb = verb
+        self.total = total
+        self.done = 0
+        self.started = time.monotonic()
+        self._last = 0.0
+        self._tty = sys.stderr.isatty()
+
+    def step(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self._last >= (0.2 if self._tty else 2.0) or self.done == self.total:
+            self._last = now
+            rate = self.done / max(now - self.started, 1e-9)
+            total = f"/{self.total}" if self.total else ""
+            line = f"{self.verb} {self.done}{total} messages ({rate:,.0f} msg/s)"
+            print(
+                ("\r" + line) if self._tty else line,
+                end="" if self._tty else "\n",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def finish(self) -> None:
+        if self._tty:
+            print(file=sys.stderr)
+
+
+async def _run_produce(args: argparse.Namespace) -> None:
+    client = await DanubeClientBuilder().service_url(args.service_url).build()
+    builder = (
+        client.new_producer()
+        .with_topic(args.topic)
+        .with_name(args.producer_name)
+        .with_dispatch_strategy(
+            DispatchStrategy.NON_RELIABLE if args.non_reliable else DispatchStrategy.RELIABLE
+        )
+        .with_options(ProducerOptions())
+    )
+    if args.partitions:
+        builder = builder.with_partitions(args.partitions)
+    producer = builder.build()
+    await producer.create()
+    payload = b"x" * args.size if args.size else args.message.encode()
+    progress = _Progress("sent", args.count)
+    interval = 1.0 / args.rate if args.rate > 0 else 0.0
+    next_at = time.monotonic()
+    try:
+        for i in range(args.count):
+            attributes = {"seq": str(i)}
+            if args.key is not None:
+                await producer.send_with_key(payload, attributes, args.key)
+            else:
+                await producer.send(payload, attributes)
+            progress.step()
+            if interval:
+                next_at += interval
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+    finally:
+        progress.finish()
+        await producer.close()
+
+
+async def _run_consume(args: argparse.Namespace) -> None:
+    client = await DanubeClientBuilder().service_url(args.service_url).build()
+    consumer = (
+        client.new_consumer()
+        .with_topic(args.topic)
+        .with_consumer_name(args.consumer_name)
+        .with_subscription(args.subscription)
+        .with_subscription_type(_SUB_TYPES[args.type])
+        .with_options(ConsumerOptions())
+        .build()
+    )
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    progress = _Progress("received", args.count)
+    try:
+        while not args.count or progress.done < args.count:
+            message = await queue.get()
+            if not args.quiet:
+                text = message.payload.decode("utf-8", "replace")
+                print(
+                    f"{message.msg_id.topic_name}@{message.msg_id.topic_offset} "
+                    f"[{message.producer_name}] {text}",
+                    flush=True,
+                )
+            await consumer.ack(message)
+            progress.step()
+    finally:
+        progress.finish()
+        await consumer.close()
+
+
+def _run(coro: Any) -> int:
+    try:
+        asyncio.run(coro)
+    except KeyboardInterrupt:
+        return 130
+    except grpc.aio.AioRpcError as exc:
+        print(f"danube-ingest: error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    except DanubeError as exc:
+        print(f"danube-ingest: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _produce(args: argparse.Namespace) -> int:
+    return _run(_run_produce(args))
+
+
+def _consume(args: argparse.Namespace) -> int:
+    return _run(_run_consume(args))
