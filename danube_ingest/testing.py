@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
+from danube_ingest.broker.server import Broker
+from danube_ingest.config import BrokerConfig, load_config
 from danube_ingest.metadata.errors import EtcdServerError
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.server import EtcdServer
@@ -129,3 +135,128 @@ async def local_etcd(*, fast: bool = True, timeout: float = 5.0) -> AsyncIterato
             yield kv
         finally:
             await kv.close()
+
+
+def broker_config(
+    data_dir: Path | str,
+    etcd_endpoint: str,
+    *,
+    broker_id: str = "broker-1",
+    port: int = 0,
+    prefix: str = "/danube",
+    overrides: dict[str, Any] | None = None,
+) -> BrokerConfig:
+    """A broker configuration for tests: loopback, given etcd, short lease, small segments."""
+    values: dict[str, Any] = {
+        "broker.broker_id": broker_id,
+        "broker.listen": f"127.0.0.1:{port}",
+        "broker.data_dir": str(data_dir),
+        "etcd.endpoints": etcd_endpoint,
+        "etcd.prefix": prefix,
+        "etcd.lease_ttl_seconds": 2,
+        "storage.mode": "local_only",
+        "storage.wal.segment_bytes": "1MiB",
+        "storage.wal.segment_seconds": 2,
+    }
+    values.update(overrides or {})
+    return load_config(None, values)
+
+
+@asynccontextmanager
+async def running_broker(config: BrokerConfig) -> AsyncIterator[Broker]:
+    """A broker served in this process and event loop; stopped cleanly on exit."""
+    broker = Broker(config)
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.stop(grace=1.0)
+
+
+class BrokerProcess:
+    """A broker in a child process (``danube-ingest broker``), for kill/restart tests."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        etcd_endpoint: str,
+        *,
+        broker_id: str = "broker-1",
+        port: int | None = None,
+        prefix: str = "/danube",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.etcd_endpoint = etcd_endpoint
+        self.broker_id = broker_id
+        self.port = port or free_port()
+        self.prefix = prefix
+        self.extra_args = extra_args
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = self.data_dir / f"{broker_id}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the broker and wait until it serves (its ready line is in the log)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        config = self.data_dir / f"{self.broker_id}.yml"
+        config.write_text(
+            "etcd:\n"
+            f"  prefix: {self.prefix}\n"
+            "  lease_ttl_seconds: 2\n"
+            "storage:\n"
+            "  mode: local_only\n"
+            "  wal:\n"
+            "    segment_bytes: 1MiB\n"
+            "    segment_seconds: 2\n"
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "danube_ingest.cli",
+            "broker",
+            "--config",
+            str(config),
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--data-dir",
+            str(self.data_dir),
+            "--etcd",
+            self.etcd_endpoint,
+            "--broker-id",
+            self.broker_id,
+            *self.extra_args,
+        ]
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log_file:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log_path.read_bytes()[offset:].decode(errors="replace")
+            if "serving on" in text:
+                return
+            if self.process.poll() is not None:
+                raise RuntimeError(f"broker exited ({self.process.returncode}):\n{text[-3000:]}")
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"broker did not start within {timeout}s; see {self.log_path}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (SIGKILL: a crash) and, for fatal signals, wait for the process to go."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Clean shutdown (SIGTERM)."""
+        self.kill(signal.SIGTERM)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
