@@ -6,7 +6,8 @@ sparse index: for every segment holding the topic, a :class:`SegSpan` with the s
 range and (offset, byte position) pairs at most ``index_interval_bytes`` apart.
 
 The snapshot is a JSON document written atomically (tmp file, fsync, rename, directory fsync) at
-segment seals. It records the state through the end of segment ``next_seq - 1``; recovery loads
+segment seals, behind a header line carrying its CRC32C and length. It records the state
+through the end of segment ``next_seq - 1``; recovery loads
 it and scans segments from ``next_seq`` on. Segment files are the source of truth: a missing or
 unreadable snapshot only makes recovery scan more.
 """
@@ -19,8 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crc32c import crc32c
+
 SNAPSHOT_NAME = "meta.json"
 SNAPSHOT_VERSION = 1
+SNAPSHOT_MAGIC = "DNMETA1"
 
 
 @dataclass(slots=True)
@@ -166,6 +170,12 @@ class Snapshot:
     uploaded: list[int] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
+        """``{SNAPSHOT_MAGIC} {crc32c:08x} {length}\n`` then the JSON document: the CRC makes
+        a damaged snapshot (even one that still parses) detectable, so it is ignored."""
+        body = self._json()
+        return f"{SNAPSHOT_MAGIC} {crc32c(body):08x} {len(body)}\n".encode() + body
+
+    def _json(self) -> bytes:
         return json.dumps(
             {
                 "version": SNAPSHOT_VERSION,
@@ -180,7 +190,17 @@ class Snapshot:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Snapshot:
-        doc = json.loads(data)
+        header, sep, body = data.partition(b"\n")
+        parts = header.split()
+        if not sep or len(parts) != 3 or parts[0] != SNAPSHOT_MAGIC.encode():
+            raise ValueError("not a RegionMeta snapshot (bad header)")
+        try:
+            crc, length = int(parts[1], 16), int(parts[2])
+        except ValueError as exc:
+            raise ValueError(f"bad snapshot header {header!r}") from exc
+        if len(body) != length or crc32c(body) != crc:
+            raise ValueError("snapshot CRC or length mismatch")
+        doc = json.loads(body)
         if not isinstance(doc, dict):
             raise ValueError(f"snapshot is a JSON {type(doc).__name__}, not an object")
         if doc.get("version") != SNAPSHOT_VERSION:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from crc32c import crc32c
 
 from danube_ingest.errors import WalCorruptionError
 from danube_ingest.store import TopicStore
@@ -31,7 +32,7 @@ from danube_ingest.wal.framing import (
     time_frame,
     topic_frame,
 )
-from danube_ingest.wal.meta import SNAPSHOT_NAME
+from danube_ingest.wal.meta import SNAPSHOT_MAGIC, SNAPSHOT_NAME, Snapshot
 from danube_ingest.wal.segment import list_segments, scan, segment_path
 
 OpenLog = Callable[..., Awaitable[RegionLog]]
@@ -206,7 +207,7 @@ async def crash_image(tmp_path: Path, open_store: OpenStore) -> CrashImage:
     region = image / "r0"
     assert list_segments(region) == [0, 1]
     # As after a kill: the snapshot covers the sealed segment, the active one gets scanned.
-    assert json.loads((region / SNAPSHOT_NAME).read_bytes())["next_seq"] == 1
+    assert Snapshot.from_bytes((region / SNAPSHOT_NAME).read_bytes()).next_seq == 1
     return CrashImage(region, history.appended, 1)
 
 
@@ -643,10 +644,15 @@ async def test_recovery_with_and_without_snapshot_agrees(
     assert contents[0] == contents[1]
 
 
+def framed(body: bytes) -> bytes:
+    """A snapshot file with a correct header (CRC and length) around ``body``."""
+    return f"{SNAPSHOT_MAGIC} {crc32c(body):08x} {len(body)}\n".encode() + body
+
+
 def corrupt_snapshots(good: bytes) -> list[tuple[str, bytes]]:
-    doc = json.loads(good)
-    cases = [
-        ("empty", b""),
+    body = good.partition(b"\n")[2]
+    doc = json.loads(body)
+    shapes = [
         ("garbage", b"\xff\xfe not json"),
         ("list", b"[]"),
         ("null", b"null"),
@@ -659,12 +665,20 @@ def corrupt_snapshots(good: bytes) -> list[tuple[str, bytes]]:
     ]
     for key in ("name", "id", "next_offset", "first_offset", "spans"):
         topics = [{k: v for k, v in t.items() if k != key} for t in doc["topics"]]
-        cases.append((f"topic without {key}", json.dumps({**doc, "topics": topics}).encode()))
+        shapes.append((f"topic without {key}", json.dumps({**doc, "topics": topics}).encode()))
     bad_spans = [{**t, "spans": [[1, 2]]} for t in doc["topics"]]
-    cases.append(("short span", json.dumps({**doc, "topics": bad_spans}).encode()))
+    shapes.append(("short span", json.dumps({**doc, "topics": bad_spans}).encode()))
     bad_ids = [{**t, "id": "one"} for t in doc["topics"]]
-    cases.append(("id not a number", json.dumps({**doc, "topics": bad_ids}).encode()))
-    # Every strict prefix of a JSON object is invalid JSON; a sample of them suffices.
+    shapes.append(("id not a number", json.dumps({**doc, "topics": bad_ids}).encode()))
+    # Wrong shapes behind a valid header reach the structural checks; the same bytes without
+    # a header, or behind a stale CRC, are rejected before parsing.
+    cases = [(name, framed(data)) for name, data in shapes]
+    cases += [(f"{name} (no header)", data) for name, data in shapes]
+    cases.append(("empty", b""))
+    flipped = bytearray(good)
+    flipped[-2] ^= 0x01  # still parses, but the CRC no longer matches
+    cases.append(("flipped byte, stale CRC", bytes(flipped)))
+    # Every strict prefix is invalid (length mismatch); a sample of them suffices.
     cases += [(f"cut at {n}", good[:n]) for n in [*range(0, len(good), 7), len(good) - 1]]
     return cases
 
@@ -708,7 +722,7 @@ async def test_next_seq_never_reuses_a_number(tmp_path: Path, open_store: OpenSt
     await store.close()
     region = wal / "r0"
     assert list_segments(region) == [0, 1]
-    assert json.loads((region / SNAPSHOT_NAME).read_bytes())["next_seq"] == 2
+    assert Snapshot.from_bytes((region / SNAPSHOT_NAME).read_bytes()).next_seq == 2
     for seq in (0, 1):
         segment_path(region, seq).unlink()
     segment_path(region, 2).write_bytes(b"")  # created, then the crash
