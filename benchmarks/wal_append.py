@@ -1,0 +1,507 @@
+"""Durable append throughput and latency of TopicStore (fsync="always") against plain Python.
+
+Run: ``.venv/bin/python benchmarks/wal_append.py`` (no arguments, ~35 s on 2 cores).
+
+Throughput figures need an otherwise idle machine; the run warns when the load average is high
+and also reports process CPU time per message, which other load distorts much less.
+
+Main figure (``value``): 100-byte payloads appended by 1024 concurrent asyncio tasks, each
+looping ``await store.append(topic, Entry(payload))``; messages acknowledged durable per second.
+
+Baseline: the least a durable group-commit log can do in single-threaded Python: per message
+one ``struct.pack('<IIQ', len, crc32c(payload), offset)`` and two bytearray appends, per batch of
+1024 messages one ``os.write`` and one ``os.fdatasync``. No asyncio, no threads, no offsets per
+topic, no index, no cache. The main measurement and the baseline (and the raw-disk ceiling) run
+three times interleaved; the medians are reported, since this machine's disk is noisy.
+
+Extras (all measured in the same run, see docs/benchmarks.md):
+
+* ``batched_1_*`` / ``batched_4_*``: ``append_batch`` of 1024 entries per call, one caller and
+  four concurrent callers, against the same baseline.
+* ``raw_disk_*``: the raw-disk ceiling: the baseline's pre-framed bytes (one batch, 1024
+  messages), written with ``os.write`` + ``os.fdatasync`` only, nothing computed per message.
+* ``latency_*``: one task appending sequentially (one append in flight) against a raw loop of a
+  116-byte ``os.write`` + ``os.fdatasync``; p50/p99 in ms; ``latency_p99_margin_ms`` is store p99
+  minus raw p99.
+* ``mib1_*``: 1 MiB payloads, one in flight and four in flight, against a raw loop of 1 MiB
+  ``os.write`` + ``os.fdatasync``; MiB/s of payload.
+* ``uvloop_*``: the main measurement once more on a uvloop event loop (if importable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    MIB,
+    FsyncCounter,
+    bench_dir,
+    emit,
+    machine,
+    median,
+    percentile,
+    ratio,
+    say,
+    warn_if_busy,
+)
+from crc32c import crc32c
+
+from danube_ingest.store.topic_store import TopicStore
+from danube_ingest.wal.framing import Entry
+
+PAYLOAD_BYTES = 100
+PAYLOAD = bytes(range(PAYLOAD_BYTES))
+BATCH = 1024
+TASKS = 1024
+TOPIC = "bench"
+REPEATS = 3
+
+MAIN_SECONDS = 2.0
+MAIN_WARMUP = 0.4
+SYNC_SECONDS = 1.2
+SYNC_WARMUP_BATCHES = 16
+BATCHED_SECONDS = 1.5
+LATENCY_ROUNDS = 2
+LATENCY_PER_ROUND = 1000
+LATENCY_WARMUP = 50
+BIG_SECONDS = 0.6
+BIG_WARMUP = 0.15
+BIG_ROUNDS = 4
+BIG = os.urandom(MIB)
+
+GOAL_MAIN = 0.25
+GOAL_BATCHED = 0.7
+GOAL_LATENCY_MARGIN_MS = 2.0
+GOAL_BIG = 0.9
+
+_HDR = struct.Struct("<IIQ")
+
+
+# -- plain Python references (no asyncio) ----------------------------------------------------
+
+
+def _open_new(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+
+
+def baseline_group_commit(path: Path, seconds: float) -> tuple[float, float]:
+    """Minimal single-threaded group commit: frame 1024 messages, one write, one fdatasync.
+
+    Returns (msg/s, process CPU µs per message).
+    """
+    fd = _open_new(path)
+    pack = _HDR.pack
+    payload = PAYLOAD
+    write = os.write
+    sync = os.fdatasync
+    buf = bytearray()
+    offset = 0
+    batches = 0
+    start = cpu0 = 0.0
+    deadline = float("inf")
+    try:
+        while True:
+            for _ in range(BATCH):
+                buf += pack(len(payload), crc32c(payload), offset)
+                buf += payload
+                offset += 1
+            written = write(fd, buf)
+            assert written == len(buf)
+            sync(fd)
+            buf.clear()
+            batches += 1
+            if batches == SYNC_WARMUP_BATCHES:
+                start = time.perf_counter()
+                cpu0 = time.process_time()
+                deadline = start + seconds
+            elif batches > SYNC_WARMUP_BATCHES and time.perf_counter() >= deadline:
+                break
+        elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu0
+    finally:
+        os.close(fd)
+    msgs = (batches - SYNC_WARMUP_BATCHES) * BATCH
+    return msgs / elapsed, cpu / msgs * 1e6
+
+
+def _framed_batch() -> bytes:
+    buf = bytearray()
+    for offset in range(BATCH):
+        buf += _HDR.pack(len(PAYLOAD), crc32c(PAYLOAD), offset)
+        buf += PAYLOAD
+    return bytes(buf)
+
+
+def raw_disk(path: Path, seconds: float) -> float:
+    """The ceiling: the baseline's pre-framed batch, write + fdatasync only (msg/s)."""
+    data = _framed_batch()
+    fd = _open_new(path)
+    batches = 0
+    start = 0.0
+    deadline = float("inf")
+    try:
+        while True:
+            os.write(fd, data)
+            os.fdatasync(fd)
+            batches += 1
+            if batches == SYNC_WARMUP_BATCHES:
+                start = time.perf_counter()
+                deadline = start + seconds
+            elif batches > SYNC_WARMUP_BATCHES and time.perf_counter() >= deadline:
+                break
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+    return (batches - SYNC_WARMUP_BATCHES) * BATCH / elapsed
+
+
+def raw_sync_latencies(path: Path, count: int) -> list[float]:
+    """Seconds per small write (one framed 100-byte message) + fdatasync."""
+    data = _framed_batch()[: _HDR.size + PAYLOAD_BYTES]
+    fd = _open_new(path)
+    out = []
+    try:
+        for i in range(count + LATENCY_WARMUP):
+            t = time.perf_counter()
+            os.write(fd, data)
+            os.fdatasync(fd)
+            if i >= LATENCY_WARMUP:
+                out.append(time.perf_counter() - t)
+    finally:
+        os.close(fd)
+    return out
+
+
+def raw_big(path: Path, seconds: float) -> float:
+    """MiB/s of 1 MiB os.write + fdatasync, growing one file."""
+    fd = _open_new(path)
+    n = 0
+    start = 0.0
+    deadline = float("inf")
+    warm = 4
+    try:
+        while True:
+            os.write(fd, BIG)
+            os.fdatasync(fd)
+            n += 1
+            if n == warm:
+                start = time.perf_counter()
+                deadline = start + seconds
+            elif n > warm and time.perf_counter() >= deadline:
+                break
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+    return (n - warm) / elapsed
+
+
+# -- TopicStore measurements -----------------------------------------------------------------
+
+
+async def _timed_window(
+    counter: Callable[[], int], warmup: float, seconds: float, fsyncs: FsyncCounter | None
+) -> dict[str, float]:
+    """Sleep through warm-up, then measure progress over ``seconds``.
+
+    Returns rate (per s), fdatasyncs/s, items per fdatasync and process CPU µs per item (all
+    threads of this process: event loop, WAL writer, snapshot helpers).
+    """
+    await asyncio.sleep(warmup)
+    f0 = fsyncs.calls if fsyncs else 0
+    c0, t0, cpu0 = counter(), time.perf_counter(), time.process_time()
+    await asyncio.sleep(seconds)
+    c1, t1, cpu1 = counter(), time.perf_counter(), time.process_time()
+    f1 = fsyncs.calls if fsyncs else 0
+    done, elapsed, syncs = c1 - c0, t1 - t0, f1 - f0
+    return {
+        "rate": done / elapsed,
+        "fsyncs_per_s": syncs / elapsed,
+        "msgs_per_fsync": done / syncs if syncs else float("nan"),
+        "cpu_us_per_msg": (cpu1 - cpu0) / done * 1e6 if done else float("nan"),
+    }
+
+
+async def store_concurrent(wal_dir: Path, tasks: int = TASKS) -> dict[str, float]:
+    """``tasks`` tasks each looping ``await store.append(topic, Entry(payload))``."""
+    store = await TopicStore.open(wal_dir, fsync="always")
+    done = 0
+    stop = False
+    payload = PAYLOAD
+
+    async def worker() -> None:
+        nonlocal done
+        append = store.append
+        while not stop:
+            await append(TOPIC, Entry(payload))
+            done += 1
+
+    workers = [asyncio.create_task(worker()) for _ in range(tasks)]
+    with FsyncCounter() as fsyncs:
+        res = await _timed_window(lambda: done, MAIN_WARMUP, MAIN_SECONDS, fsyncs)
+    stop = True
+    await asyncio.gather(*workers)
+    info = store.info(TOPIC)
+    await store.close()
+    assert info is not None and info.high_watermark >= done, (info, done)
+    return res
+
+
+async def store_batched(wal_dir: Path, callers: int) -> dict[str, float]:
+    """``callers`` tasks each looping ``await store.append_batch(topic, 1024 new entries)``."""
+    store = await TopicStore.open(wal_dir, fsync="always")
+    done = 0
+    stop = False
+    payload = PAYLOAD
+
+    async def caller() -> None:
+        nonlocal done
+        while not stop:
+            entries = [Entry(payload) for _ in range(BATCH)]
+            await store.append_batch(TOPIC, entries)
+            done += BATCH
+
+    workers = [asyncio.create_task(caller()) for _ in range(callers)]
+    with FsyncCounter() as fsyncs:
+        res = await _timed_window(lambda: done, MAIN_WARMUP, BATCHED_SECONDS, fsyncs)
+    stop = True
+    await asyncio.gather(*workers)
+    await store.close()
+    return res
+
+
+async def store_latencies(wal_dir: Path, count: int) -> list[float]:
+    """Seconds per ``await store.append`` with one append in flight."""
+    store = await TopicStore.open(wal_dir, fsync="always")
+    out = []
+    append = store.append
+    try:
+        for i in range(count + LATENCY_WARMUP):
+            t = time.perf_counter()
+            await append(TOPIC, Entry(PAYLOAD))
+            if i >= LATENCY_WARMUP:
+                out.append(time.perf_counter() - t)
+    finally:
+        await store.close()
+    return out
+
+
+async def store_big(wal_dir: Path, inflight: int) -> float:
+    """MiB/s of 1 MiB appends with ``inflight`` tasks each awaiting its append."""
+    store = await TopicStore.open(wal_dir, fsync="always")
+    done = 0
+    stop = False
+
+    async def worker() -> None:
+        nonlocal done
+        while not stop:
+            await store.append(TOPIC, Entry(BIG))
+            done += 1
+
+    workers = [asyncio.create_task(worker()) for _ in range(inflight)]
+    res = await _timed_window(lambda: done, BIG_WARMUP, BIG_SECONDS, None)
+    stop = True
+    await asyncio.gather(*workers)
+    await store.close()
+    return res["rate"]
+
+
+def run_async(coro: Coroutine[Any, Any, Any], *, use_uvloop: bool = False) -> Any:
+    if use_uvloop:
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(coro)
+    return asyncio.run(coro)
+
+
+def in_dir(fn: Callable[[Path], Any]) -> Any:
+    with bench_dir("wal-append") as d:
+        return fn(d)
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    t_start = time.perf_counter()
+    say(f"wal_append: {PAYLOAD_BYTES}-byte payloads, fsync=always, {os.cpu_count()} CPUs")
+    say(f"  main: {TASKS} asyncio tasks x `await store.append`, {MAIN_SECONDS}s windows")
+    say(f"  baseline: single-threaded frame+crc32c loop, {BATCH} msgs per write+fdatasync")
+    load_start = warn_if_busy("start")
+
+    base_runs: list[float] = []
+    base_cpu_runs: list[float] = []
+    raw_runs: list[float] = []
+    main_runs: list[dict[str, float]] = []
+    for i in range(REPEATS):
+        base, base_cpu = in_dir(lambda d: baseline_group_commit(d / "base.log", SYNC_SECONDS))
+        raw = in_dir(lambda d: raw_disk(d / "raw.log", SYNC_SECONDS))
+        res = in_dir(lambda d: run_async(store_concurrent(d)))
+        base_runs.append(base)
+        base_cpu_runs.append(base_cpu)
+        raw_runs.append(raw)
+        main_runs.append(res)
+        say(
+            f"  round {i + 1}: baseline {base:,.0f} msg/s ({base_cpu:.2f} CPU-us/msg) | raw disk "
+            f"{raw:,.0f} msg/s | store {res['rate']:,.0f} msg/s ({res['cpu_us_per_msg']:.2f} "
+            f"CPU-us/msg, {res['msgs_per_fsync']:.0f} msgs/fdatasync, "
+            f"{res['fsyncs_per_s']:,.0f} fdatasync/s)"
+        )
+    value = median([r["rate"] for r in main_runs])
+    baseline = median(base_runs)
+    raw_value = median(raw_runs)
+    msgs_per_fsync = median([r["msgs_per_fsync"] for r in main_runs])
+    fsyncs_per_s = median([r["fsyncs_per_s"] for r in main_runs])
+    store_cpu = median([r["cpu_us_per_msg"] for r in main_runs])
+    base_cpu = median(base_cpu_runs)
+    say(
+        f"main (median of {REPEATS}): store {value:,.0f} msg/s, baseline {baseline:,.0f} msg/s, "
+        f"ratio {ratio(value, baseline):.3f} (goal >= {GOAL_MAIN}); raw disk {raw_value:,.0f} "
+        f"msg/s, store/raw {ratio(value, raw_value):.3f}"
+    )
+    say(
+        f"  CPU per message (all threads): store {store_cpu:.2f} us, baseline {base_cpu:.2f} us "
+        f"-> baseline/store {ratio(base_cpu, store_cpu):.3f} (less sensitive to machine load)"
+    )
+
+    uv: dict[str, float] | None = None
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        say("uvloop: not importable, skipped")
+    else:
+        uv = in_dir(lambda d: run_async(store_concurrent(d), use_uvloop=True))
+        say(
+            f"uvloop (1 run): store {uv['rate']:,.0f} msg/s ({uv['cpu_us_per_msg']:.2f} "
+            f"CPU-us/msg), ratio {ratio(uv['rate'], baseline):.3f}"
+        )
+
+    batched: dict[int, dict[str, float]] = {}
+    for callers in (1, 4):
+
+        def batched_run(d: Path, c: int = callers) -> dict[str, float]:
+            result: dict[str, float] = run_async(store_batched(d, c))
+            return result
+
+        res = in_dir(batched_run)
+        batched[callers] = res
+        say(
+            f"append_batch x{BATCH}, {callers} caller(s): {res['rate']:,.0f} msg/s, ratio "
+            f"{ratio(res['rate'], baseline):.3f} (goal >= {GOAL_BATCHED}), store/raw "
+            f"{ratio(res['rate'], raw_value):.3f}, {res['msgs_per_fsync']:.0f} msgs/fdatasync, "
+            f"{res['cpu_us_per_msg']:.2f} CPU-us/msg"
+        )
+
+    raw_lat: list[float] = []
+    store_lat: list[float] = []
+    for _ in range(LATENCY_ROUNDS):
+        raw_lat += in_dir(lambda d: raw_sync_latencies(d / "lat.log", LATENCY_PER_ROUND))
+        store_lat += in_dir(lambda d: run_async(store_latencies(d, LATENCY_PER_ROUND)))
+    ms = 1000.0
+    lat = {
+        "latency_p50_ms": percentile(store_lat, 50) * ms,
+        "latency_p99_ms": percentile(store_lat, 99) * ms,
+        "latency_max_ms": max(store_lat) * ms,
+        "raw_fsync_p50_ms": percentile(raw_lat, 50) * ms,
+        "raw_fsync_p99_ms": percentile(raw_lat, 99) * ms,
+        "raw_fsync_max_ms": max(raw_lat) * ms,
+        "latency_samples": len(store_lat),
+    }
+    margin = lat["latency_p99_ms"] - lat["raw_fsync_p99_ms"]
+    say(
+        f"latency, 1 in flight ({len(store_lat)} appends): store p50 {lat['latency_p50_ms']:.3f} "
+        f"ms p99 {lat['latency_p99_ms']:.3f} ms | raw write+fdatasync p50 "
+        f"{lat['raw_fsync_p50_ms']:.3f} ms p99 {lat['raw_fsync_p99_ms']:.3f} ms | p99 margin "
+        f"{margin:.3f} ms (goal <= {GOAL_LATENCY_MARGIN_MS})"
+    )
+
+    raw_big_runs = []
+    big_seq_runs = []
+    big_4_runs = []
+    for _ in range(BIG_ROUNDS):
+        raw_big_runs.append(in_dir(lambda d: raw_big(d / "big.log", BIG_SECONDS)))
+        big_seq_runs.append(in_dir(lambda d: run_async(store_big(d, 1))))
+        big_4_runs.append(in_dir(lambda d: run_async(store_big(d, 4))))
+    big_raw = median(raw_big_runs)
+    big_seq = median(big_seq_runs)
+    big_4 = median(big_4_runs)
+    say(
+        f"1 MiB appends (median of {BIG_ROUNDS}): 1 in flight {big_seq:,.0f} MiB/s, 4 in flight "
+        f"{big_4:,.0f} MiB/s | raw 1 MiB write+fdatasync {big_raw:,.0f} MiB/s | ratios "
+        f"{ratio(big_seq, big_raw):.3f} / {ratio(big_4, big_raw):.3f} (goal >= {GOAL_BIG})"
+    )
+
+    main_ratio = ratio(value, baseline)
+    b1 = batched[1]["rate"]
+    b4 = batched[4]["rate"]
+    result: dict[str, Any] = {
+        "benchmark": "wal_append",
+        "value": value,
+        "unit": "msg/s",
+        "baseline": baseline,
+        "ratio": main_ratio,
+        "ratio_meaning": "value/baseline, higher is better (durable msg/s of 1024 asyncio tasks "
+        "vs a minimal single-threaded Python group-commit loop)",
+        "goal_ratio": GOAL_MAIN,
+        "goal_met": main_ratio >= GOAL_MAIN,
+        "payload_bytes": PAYLOAD_BYTES,
+        "tasks": TASKS,
+        "fsync": "always",
+        "value_runs": [r["rate"] for r in main_runs],
+        "baseline_runs": base_runs,
+        "value_cpu_us_per_msg": store_cpu,
+        "baseline_cpu_us_per_msg": base_cpu,
+        "cpu_ratio": ratio(base_cpu, store_cpu),
+        "cpu_ratio_meaning": "baseline CPU-us per msg / store CPU-us per msg (process CPU time, "
+        "all threads), higher is better; robust to other load on the machine",
+        "store_msgs_per_fdatasync": msgs_per_fsync,
+        "store_fdatasyncs_per_s": fsyncs_per_s,
+        "uvloop_value": uv["rate"] if uv else None,
+        "uvloop_ratio": ratio(uv["rate"], baseline) if uv else None,
+        "uvloop_cpu_us_per_msg": uv["cpu_us_per_msg"] if uv else None,
+        "batched_1_value": b1,
+        "batched_1_ratio": ratio(b1, baseline),
+        "batched_1_cpu_us_per_msg": batched[1]["cpu_us_per_msg"],
+        "batched_4_value": b4,
+        "batched_4_ratio": ratio(b4, baseline),
+        "batched_4_cpu_us_per_msg": batched[4]["cpu_us_per_msg"],
+        "batched_goal_ratio": GOAL_BATCHED,
+        "batched_goal_met": min(b1, b4) / baseline >= GOAL_BATCHED,
+        "raw_disk_value": raw_value,
+        "raw_disk_runs": raw_runs,
+        "raw_disk_ratio": ratio(value, raw_value),
+        "raw_disk_batched_1_ratio": ratio(b1, raw_value),
+        "raw_disk_batched_4_ratio": ratio(b4, raw_value),
+        "raw_disk_baseline_ratio": ratio(baseline, raw_value),
+        "raw_disk_ratio_meaning": "store (or baseline) msg/s / raw write+fdatasync msg/s of the "
+        "same pre-framed 1024-message batches",
+        **lat,
+        "latency_p99_margin_ms": margin,
+        "latency_goal_margin_ms": GOAL_LATENCY_MARGIN_MS,
+        "latency_goal_met": margin <= GOAL_LATENCY_MARGIN_MS,
+        "mib1_seq_mib_s": big_seq,
+        "mib1_4inflight_mib_s": big_4,
+        "mib1_raw_mib_s": big_raw,
+        "mib1_seq_ratio": ratio(big_seq, big_raw),
+        "mib1_4inflight_ratio": ratio(big_4, big_raw),
+        "mib1_goal_ratio": GOAL_BIG,
+        "mib1_goal_met": min(big_seq, big_4) / big_raw >= GOAL_BIG,
+        "mib1_raw_runs": raw_big_runs,
+        "mib1_seq_runs": big_seq_runs,
+        "mib1_4inflight_runs": big_4_runs,
+        "elapsed_s": time.perf_counter() - t_start,
+        "load_start": load_start,
+        "load_end": warn_if_busy("end"),
+        **machine(),
+    }
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()
