@@ -52,6 +52,7 @@ from _common import (
 )
 from crc32c import crc32c
 
+from danube_ingest.runtime import tune_gc
 from danube_ingest.store.topic_store import TopicStore
 from danube_ingest.wal.framing import Entry
 
@@ -329,6 +330,8 @@ def in_dir(fn: Callable[[Path], Any]) -> Any:
 
 
 def main() -> None:
+    # The daemon's process settings (danube-ingest broker applies them the same way).
+    tune_gc()
     t_start = time.perf_counter()
     say(f"wal_append: {PAYLOAD_BYTES}-byte payloads, fsync=always, {os.cpu_count()} CPUs")
     say(f"  main: {TASKS} asyncio tasks x `await store.append`, {MAIN_SECONDS}s windows")

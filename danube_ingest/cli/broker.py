@@ -12,6 +12,7 @@ from typing import Any
 from danube_ingest.broker.server import Broker
 from danube_ingest.config import BrokerConfig, load_config
 from danube_ingest.metadata.server import EtcdServer
+from danube_ingest.runtime import tune_gc
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 async def serve(config: BrokerConfig) -> None:
     """Run a broker until SIGTERM or SIGINT, then shut it down cleanly."""
+    tune_gc()
     broker = Broker(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -242,10 +242,16 @@ def encode_frame(kind: int, body: bytes) -> bytes:
     return b"".join(frame_pieces(kind, (body,)))
 
 
-def _encode_entries(entries: Sequence[Entry], parts: list[bytes]) -> tuple[int, int]:
-    """Append the encoding of ``entries`` to ``parts``; return (first, last) ingest ms."""
+def messages_frame(topic_id: int, base_offset: int, entries: Sequence[Entry]) -> list[bytes]:
+    """Frame a batch of one topic's entries with consecutive offsets from ``base_offset``.
+
+    Returns buffers whose concatenation is the frame. Small entries are packed into one
+    growing buffer (one CRC call for all of them); a payload of at least ``_LARGE_PAYLOAD``
+    bytes stays a separate buffer, so a large payload is never copied here.
+    """
     pack = _ENTRY.pack
-    append = parts.append
+    buf = bytearray(BATCH_HEADER_SIZE)
+    pieces: list[bytes | bytearray] = []
     last_name: str | None = None
     name_b = b""
     for entry in entries:
@@ -253,20 +259,36 @@ def _encode_entries(entries: Sequence[Entry], parts: list[bytes]) -> tuple[int, 
         if name is not last_name:
             name_b = name.encode()
             last_name = name
-        flags = 0
-        key_b = b""
-        if entry.routing_key is not None:
-            flags = _HAS_KEY
-            key_b = entry.routing_key.encode()
+        key = entry.routing_key
         schema_id = entry.schema_id
-        if schema_id is not None:
-            flags |= _HAS_SCHEMA
-        else:
-            schema_id = 0
         attrs = entry.attributes
         payload = entry.payload
-        append(
-            pack(
+        if key is None and schema_id is None and not attrs:
+            buf += pack(
+                entry.ingest_ms,
+                entry.publish_ms,
+                entry.producer_id,
+                entry.request_id,
+                0,
+                entry.schema_version,
+                0,
+                len(name_b),
+                0,
+                0,
+                len(payload),
+            )
+            buf += name_b
+        else:
+            flags = 0
+            key_b = b""
+            if key is not None:
+                flags = _HAS_KEY
+                key_b = key.encode()
+            if schema_id is not None:
+                flags |= _HAS_SCHEMA
+            else:
+                schema_id = 0
+            buf += pack(
                 entry.ingest_ms,
                 entry.publish_ms,
                 entry.producer_id,
@@ -279,28 +301,37 @@ def _encode_entries(entries: Sequence[Entry], parts: list[bytes]) -> tuple[int, 
                 len(attrs) if attrs else 0,
                 len(payload),
             )
-        )
-        if name_b:
-            append(name_b)
-        if key_b:
-            append(key_b)
-        if attrs:
-            for key, value in attrs.items():
-                kb = key.encode()
-                vb = value.encode()
-                append(_ATTR.pack(len(kb), len(vb)))
-                append(kb)
-                append(vb)
-        append(payload)
-    return entries[0].ingest_ms, entries[-1].ingest_ms
-
-
-def messages_frame(topic_id: int, base_offset: int, entries: Sequence[Entry]) -> list[bytes]:
-    """Frame a batch of one topic's entries with consecutive offsets from ``base_offset``."""
-    parts: list[bytes] = [b""]
-    first_ms, last_ms = _encode_entries(entries, parts)
-    parts[0] = _BATCH.pack(topic_id, base_offset, len(entries), first_ms, last_ms)
-    return frame_pieces(Kind.MESSAGES, parts)
+            buf += name_b
+            buf += key_b
+            if attrs:
+                for akey, value in attrs.items():
+                    kb = akey.encode()
+                    vb = value.encode()
+                    buf += _ATTR.pack(len(kb), len(vb))
+                    buf += kb
+                    buf += vb
+        if len(payload) >= _LARGE_PAYLOAD:
+            pieces.append(buf)
+            pieces.append(payload)
+            buf = bytearray()
+        else:
+            buf += payload
+    if buf or not pieces:
+        pieces.append(buf)
+    first = pieces[0]
+    assert isinstance(first, bytearray)
+    _BATCH.pack_into(
+        first, 0, topic_id, base_offset, len(entries), entries[0].ingest_ms, entries[-1].ingest_ms
+    )
+    total = 0
+    crc = 0
+    for piece in pieces:
+        total += len(piece)
+        crc = crc32c(piece, crc)
+    if total > MAX_FRAME_BODY:
+        raise CorruptFrameError(f"frame body of {total} bytes exceeds {MAX_FRAME_BODY}")
+    head = _PREFIX_HEAD.pack(total, Kind.MESSAGES, FORMAT_VERSION, 0, crc)
+    return [head + crc32c(head).to_bytes(4, "little"), *pieces]  # type: ignore[list-item]
 
 
 def topic_frame(topic_id: int, name: str) -> bytes:
