@@ -59,6 +59,10 @@ FsyncMode = Literal["always", "never"]
 #: bytes: small enough that a catch-up reader decodes little it does not need, large enough
 #: that the per-frame CRC and header cost nothing.
 FRAME_TARGET_BYTES = 1024 * 1024
+#: Seals closer together than this share one snapshot: a snapshot only bounds how much
+#: recovery scans, and under a fast stream of large appends (a seal every few milliseconds)
+#: one per seal would compete with the log itself for fsyncs.
+SNAPSHOT_MIN_INTERVAL = 1.0
 #: A chunk is handed to the writer once this many entries are staged, without waiting for the
 #: end of the event loop iteration, so the writer syncs one chunk while the next is staged.
 CHUNK_ENTRIES = 256
@@ -214,6 +218,7 @@ class RegionLog:
         self._index_interval = index_interval
         self._max_entry_bytes = max_entry_bytes
         self._snapshot_on_seal = snapshot_on_seal and region_dir is not None
+        self._last_snapshot = float("-inf")
         self._topics: dict[str, TopicMeta] = state.topics
         self._next_topic_id = state.next_topic_id
         self.uploaded: set[int] = set(state.uploaded)
@@ -500,8 +505,14 @@ class RegionLog:
 
     def _rotate(self, chunk: _Chunk, unframed: dict[TopicMeta, list[Entry]] | None = None) -> None:
         """Seal the active segment (if any) and start the next one with ``chunk``."""
-        if self._seq >= 0 and self._snapshot_on_seal:
+        now = time.monotonic()
+        if (
+            self._seq >= 0
+            and self._snapshot_on_seal
+            and now - self._last_snapshot >= SNAPSHOT_MIN_INTERVAL
+        ):
             chunk.seal = self._snapshot(self._seq + 1, unframed)
+            self._last_snapshot = now
         self._seq += 1
         self._registered = set()
         frame = checkpoint_frame(self._seq, int(time.time() * 1000), self.region)
