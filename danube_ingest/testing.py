@@ -185,6 +185,7 @@ class BrokerProcess:
         port: int | None = None,
         prefix: str = "/danube",
         extra_args: tuple[str, ...] = (),
+        lease_ttl: int = 2,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.etcd_endpoint = etcd_endpoint
@@ -192,6 +193,7 @@ class BrokerProcess:
         self.port = port or free_port()
         self.prefix = prefix
         self.extra_args = extra_args
+        self.lease_ttl = lease_ttl
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir / f"{broker_id}.log"
 
@@ -206,7 +208,7 @@ class BrokerProcess:
         config.write_text(
             "etcd:\n"
             f"  prefix: {self.prefix}\n"
-            "  lease_ttl_seconds: 2\n"
+            f"  lease_ttl_seconds: {self.lease_ttl}\n"
             "storage:\n"
             "  mode: local_only\n"
             "  wal:\n"
@@ -252,7 +254,16 @@ class BrokerProcess:
             return
         self.process.send_signal(sig)
         if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
-            self.process.wait(timeout=30)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                # A hung shutdown must fail the caller, not leave a broker running for good.
+                self.process.kill()
+                self.process.wait(timeout=30)
+                raise RuntimeError(
+                    f"broker did not exit within 30s of signal {sig}; killed it. "
+                    f"Log {self.log_path}:\n{self.log_text()[-3000:]}"
+                ) from None
 
     def stop(self) -> None:
         """Clean shutdown (SIGTERM)."""

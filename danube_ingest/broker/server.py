@@ -10,7 +10,9 @@ the WAL is synced and closed, the lease is revoked.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from pathlib import Path
 
 import grpc
@@ -20,6 +22,7 @@ from danube_ingest.broker.services import add_services
 from danube_ingest.broker.topics import TopicManager
 from danube_ingest.config import BrokerConfig
 from danube_ingest.dispatch import DispatchPolicy, PoisonPolicy
+from danube_ingest.metadata.errors import BrokerIdConflictError
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV, MemoryKV
@@ -52,6 +55,39 @@ def dispatch_policy(config: BrokerConfig) -> DispatchPolicy:
         poison=PoisonPolicy(d.poison_policy),
         dead_letter_topic=d.dead_letter_topic,
     )
+
+
+async def _start_session(session: BrokerSession, kv: KV, keys: Keys) -> None:
+    """Register the broker. A registration left by its own previous process (same id and URL:
+    a crash, then an immediate restart) is waited out, for at most one lease TTL; another
+    holder of the id is refused at once (``BrokerIdConflictError``)."""
+    deadline = time.monotonic() + session.ttl + 1
+    waiting = False
+    while True:
+        try:
+            await session.start()
+            return
+        except BrokerIdConflictError:
+            stored = await kv.get(keys.broker(session.broker_id))
+            url = None
+            if stored is not None:
+                try:
+                    url = json.loads(stored.value).get("url")
+                except (ValueError, AttributeError):
+                    url = None
+            if (stored is not None and url != session.advertised_url) or (
+                time.monotonic() >= deadline
+            ):
+                raise
+            if not waiting:
+                waiting = True
+                log.info(
+                    "waiting up to %ss for the registration of a previous process of "
+                    "broker %s to expire",
+                    session.ttl,
+                    session.broker_id,
+                )
+            await asyncio.sleep(0.2)
 
 
 class Broker:
@@ -97,7 +133,7 @@ class Broker:
         self._session = BrokerSession(
             kv, keys, config.broker.broker_id, self.url, ttl=config.etcd.lease_ttl_seconds
         )
-        await self._session.start()
+        await _start_session(self._session, kv, keys)
         ownership = Ownership(kv, keys, self._session)
         self._ownership = ownership
         self._progress = ProgressUpdater(ownership)

@@ -36,6 +36,8 @@ from danube_ingest.errors import (
 from danube_ingest.metadata.errors import (
     CommitStateUnknownError,
     FencedError,
+    InvalidNameError,
+    LeaseExpiredError,
     MetadataUnavailableError,
 )
 from danube_ingest.schema.errors import (
@@ -54,6 +56,8 @@ _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (PayloadTooLargeError, grpc.StatusCode.INVALID_ARGUMENT),
     (PayloadValidationError, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidSchemaError, grpc.StatusCode.INVALID_ARGUMENT),
+    # A subscription name that cannot be a metadata key segment ('/', spaces...).
+    (InvalidNameError, grpc.StatusCode.INVALID_ARGUMENT),
     (TopicNotFoundError, grpc.StatusCode.NOT_FOUND),
     (UnknownClientError, grpc.StatusCode.NOT_FOUND),
     (SchemaNotFoundError, grpc.StatusCode.NOT_FOUND),
@@ -63,6 +67,8 @@ _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (SubscriptionBusyError, grpc.StatusCode.PERMISSION_DENIED),
     (NotOwnerError, grpc.StatusCode.UNAVAILABLE),
     (FencedError, grpc.StatusCode.UNAVAILABLE),
+    # The broker's session is being re-registered: retriable, unlike INTERNAL.
+    (LeaseExpiredError, grpc.StatusCode.UNAVAILABLE),
     (MetadataUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (CommitStateUnknownError, grpc.StatusCode.UNAVAILABLE),
     (WalClosedError, grpc.StatusCode.UNAVAILABLE),

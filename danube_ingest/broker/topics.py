@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from danube_ingest.broker.convert import entry_from_message, message_from_entry
@@ -43,6 +43,7 @@ from danube_ingest.dispatch import (
     SubscriptionType,
 )
 from danube_ingest.errors import DanubeIngestError, OffsetOutOfRangeError
+from danube_ingest.metadata.errors import LeaseExpiredError
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.offsets import OffsetReservation
 from danube_ingest.metadata.ownership import Ownership
@@ -128,12 +129,20 @@ class TopicManager:
     async def lookup(self, topic: str) -> tuple[bool, str]:
         """(this broker serves it, URL of the broker that does). Raises TopicNotFoundError."""
         parse_topic(topic)
-        if topic in self._topics:
+        if topic in self._topics and self._ownership.is_owner(topic):
+            # (A topic whose lease ran out is not ours even before its loss is processed.)
             return True, self.broker_url
         record = await self._records.get_topic(topic)
         if record is None:
             raise TopicNotFoundError(f"topic {topic} does not exist")
-        owner = await self._ownership.acquire(topic)
+        try:
+            owner = await self._ownership.acquire(topic)
+        except LeaseExpiredError:
+            # Our session is being renewed: we cannot own anything, but can name the owner.
+            current = await self._ownership.owner_of(topic)
+            if current is None or current.broker_id == self.broker_id:
+                raise
+            owner = current
         if owner.broker_id != self.broker_id:
             return False, owner.url
         await self._load(topic)
@@ -221,25 +230,26 @@ class TopicManager:
     ) -> int:
         parse_topic(topic)
         runtime = await self._load(topic, create_reliable=reliable)
-        if schema_subject:
-            # Danube's rule: the first producer naming a subject binds the topic to it.
-            await self._schemas.assign_topic_subject(topic, schema_subject)
-            runtime.schema_checked = float("-inf")
         if runtime.reliable != reliable:
             raise StrategyMismatchError(
                 f"topic {topic} is {'reliable' if runtime.reliable else 'non-reliable'}; "
                 f"a producer cannot use the other dispatch strategy"
             )
         existing = await self._records.find_producer(topic, name)
-        if existing is not None:
-            self._producers[existing.client_id] = existing
-            runtime.producers.add(existing.client_id)
-            return existing.client_id
-        if len(runtime.producers) >= self._limits.max_producers_per_topic:
+        if existing is None and len(runtime.producers) >= self._limits.max_producers_per_topic:
             raise LimitExceededError(
                 f"topic {topic} has {len(runtime.producers)} producers "
                 f"(limits.max_producers_per_topic)"
             )
+        if schema_subject:
+            # Danube's rule: the first producer naming a subject binds the topic to it. Only
+            # a producer that is otherwise accepted may bind it.
+            await self._schemas.assign_topic_subject(topic, schema_subject)
+            runtime.schema_checked = float("-inf")
+        if existing is not None:
+            self._producers[existing.client_id] = existing
+            runtime.producers.add(existing.client_id)
+            return existing.client_id
         client_id = await self._records.allocate_client_id()
         record = ClientRecord(
             client_id=client_id, kind="producer", topic=topic, name=name, reliable=reliable
@@ -351,7 +361,11 @@ class TopicManager:
         existing = await self._records.find_consumer(topic, subscription, consumer_name)
         if existing is not None:
             client_id = existing.client_id
-            record = existing
+            # A consumer may come back with other key filters: store them, or its next
+            # stream (a reconnect re-attaches from the record) would revert to the old ones.
+            record = replace(
+                existing, sub_type=_TYPE_NAMES[sub_type], key_filters=tuple(key_filters)
+            )
         else:
             client_id = await self._records.allocate_client_id()
             record = ClientRecord(
@@ -372,7 +386,7 @@ class TopicManager:
                 f"(limits.max_consumers_per_subscription)"
             )
         handle = sub.attach(client_id, consumer_name, list(key_filters))
-        if existing is None:
+        if record != existing:
             await self._records.put_client(record)
         self._consumers[client_id] = record
         previous = self._handles.pop(client_id, None)
@@ -471,8 +485,8 @@ class TopicManager:
         record = await self._consumer(consumer_id)
         handle = self._handles.get(consumer_id)
         if handle is None or consumer_id in self._streaming or handle.closed:
-            if handle is not None:
-                handle.close()
+            # Attaching the same consumer id replaces an open handle in its place (closing
+            # it), so a Failover consumer that reconnects stays the active one.
             handle = await self._attach(record)
             self._handles[consumer_id] = handle
         self._streaming.add(consumer_id)

@@ -142,7 +142,9 @@ class ProgressUpdater:
             log.warning("progress dropped topic=%s keys=%s: ownership lost", topic, len(values))
 
     async def _run(self) -> None:
-        while True:
+        # Not ``while True``: Python 3.11's ``asyncio.wait_for`` swallows a cancel that comes as
+        # the wait completes (cpython gh-86296); ``close`` sets ``_closed`` first.
+        while not self._closed:
             if self._first_at is None:
                 self._wake.clear()
                 await self._wake.wait()

@@ -156,8 +156,13 @@ class BrokerSession:
     async def _keepalive(self) -> None:
         interval = self.ttl / 3
         delay = interval
-        while True:
+        # Not ``while True``: Python 3.11's ``asyncio.wait_for`` (in ``_refresh``) swallows a
+        # cancel that comes as the refresh completes (cpython gh-86296); ``close`` sets
+        # ``_closed`` first, so the loop still ends (and never registers again).
+        while not self._closed:
             await asyncio.sleep(delay)
+            if self._closed:
+                return
             if self._alive:
                 delay = interval if await self._refresh() else min(_RETRY_SECONDS, interval)
                 continue

@@ -1,0 +1,209 @@
+"""Requests a broker must refuse, with the status danube-client expects, and without leaving
+anything behind: malformed topic names, unknown ids, limits, strategy and type mismatches."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from danube import SchemaType, SubType
+from danube.proto import DanubeApi_pb2 as pb
+
+from danube_ingest.broker.server import Broker
+
+from .conftest import BrokerFactory
+from .support import (
+    Clients,
+    consumer_request,
+    message,
+    metadata,
+    offsets,
+    payloads,
+    producer_request,
+    raw_stubs,
+    rpc_error,
+)
+
+BAD_TOPICS = ["no-slash", "/a", "/a/b/c", "/a/b c", "", "/default/", "//t", "/default/t!"]
+
+
+@pytest.fixture
+async def clients(broker: Broker) -> AsyncIterator[Clients]:
+    async with Clients(broker.url) as opened:
+        yield opened
+
+
+@pytest.mark.parametrize("topic", BAD_TOPICS)
+async def test_malformed_topic_names_are_invalid_and_create_nothing(
+    broker: Broker, etcd_server: str, etcd_prefix: str, topic: str
+) -> None:
+    async with raw_stubs(broker.url) as raw:
+        calls = {
+            "CreateProducer": raw.producers.CreateProducer(producer_request(topic)),
+            "CreateProducer(non-reliable)": raw.producers.CreateProducer(
+                producer_request(topic, reliable=False)
+            ),
+            "Subscribe": raw.consumers.Subscribe(consumer_request(topic)),
+            "TopicLookup": raw.discovery.TopicLookup(pb.TopicLookupRequest(topic=topic)),
+            "TopicPartitions": raw.discovery.TopicPartitions(pb.TopicLookupRequest(topic=topic)),
+        }
+        for name, call in calls.items():
+            error = await rpc_error(call)
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+            assert repr(topic) in (error.details() or ""), name
+    async with metadata(etcd_server, etcd_prefix) as records:
+        assert await records.list_topics() == []
+        assert await records.list_clients() == []
+
+
+async def test_unknown_producer_id_is_not_found(broker: Broker) -> None:
+    async with raw_stubs(broker.url) as raw:
+        error = await rpc_error(raw.producers.SendMessage(message(424242, "/default/t")))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert "424242" in (error.details() or "")
+
+
+async def test_unknown_consumer_id_is_not_found(broker: Broker) -> None:
+    async with raw_stubs(broker.url) as raw:
+        stream = raw.consumers.ReceiveMessages(pb.ReceiveRequest(request_id=1, consumer_id=424242))
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            async for _ in stream:
+                pass
+    assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "424242" in (failed.value.details() or "")
+
+
+async def test_message_for_another_topic_than_the_producers_is_invalid(broker: Broker) -> None:
+    async with raw_stubs(broker.url) as raw:
+        created = await raw.producers.CreateProducer(producer_request("/default/mine"))
+        error = await rpc_error(
+            raw.producers.SendMessage(message(created.producer_id, "/default/other"))
+        )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_payload_and_attribute_limits_reject_without_taking_an_offset(
+    make_broker: BrokerFactory,
+) -> None:
+    broker = await make_broker(**{"limits.max_payload_bytes": 1000, "limits.max_attributes": 2})
+    async with Clients(broker.url) as clients:
+        topic = "/default/limits"
+        producer = await clients.producer(topic)
+        sub = await clients.consumer(topic, "s", "c1")
+        await producer.send(b"a" * 1000, {"k1": "v", "k2": "v"})  # exactly at both limits
+
+        with pytest.raises(grpc.aio.AioRpcError) as too_big:
+            await producer.send(b"b" * 1001)
+        assert too_big.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "max_payload_bytes" in (too_big.value.details() or "")
+
+        with pytest.raises(grpc.aio.AioRpcError) as too_many:
+            await producer.send(b"c", {"k1": "v", "k2": "v", "k3": "v"})
+        assert too_many.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "max_attributes" in (too_many.value.details() or "")
+
+        await producer.send(b"d")
+        got = await sub.take(2)
+        assert offsets(got) == [0, 1]
+        assert payloads(got) == [b"a" * 1000, b"d"]
+        await sub.ack_all(got)
+
+
+@pytest.mark.parametrize("first_reliable", [False, True])
+async def test_producer_with_the_other_dispatch_strategy_is_refused(
+    clients: Clients, first_reliable: bool
+) -> None:
+    topic = "/default/strategy"
+    await clients.producer(topic, "p1", reliable=first_reliable)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await clients.producer(topic, "p2", reliable=not first_reliable)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_refused_producer_does_not_bind_the_topic_to_its_schema(clients: Clients) -> None:
+    topic = "/default/strategy-schema"
+    registry = clients.client.schema()
+    await (
+        registry.register_schema("orders")
+        .with_type(SchemaType.JSON_SCHEMA)
+        .with_schema_data(json.dumps({"type": "object"}).encode())
+        .execute()
+    )
+    await clients.producer(topic, "p1", reliable=False)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await clients.producer(topic, "p2", reliable=True, schema_subject="orders")
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(grpc.aio.AioRpcError) as unconfigured:
+        await registry.get_topic_schema_config(topic)
+    assert unconfigured.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_subscribing_to_a_missing_topic_is_not_found_and_creates_nothing(
+    clients: Clients, broker: Broker, etcd_server: str, etcd_prefix: str
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await clients.consumer("/default/nowhere", "s", "c1")
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    async with raw_stubs(broker.url) as raw:
+        error = await rpc_error(raw.consumers.Subscribe(consumer_request("/default/nowhere")))
+        assert error.code() == grpc.StatusCode.NOT_FOUND
+        lookup = await rpc_error(
+            raw.discovery.TopicLookup(pb.TopicLookupRequest(topic="/default/nowhere"))
+        )
+        assert lookup.code() == grpc.StatusCode.NOT_FOUND
+    async with metadata(etcd_server, etcd_prefix) as records:
+        assert await records.get_topic("/default/nowhere") is None
+        assert await records.list_clients() == []
+
+
+async def test_subscription_type_mismatch_is_refused(clients: Clients) -> None:
+    topic = "/default/types"
+    await clients.producer(topic)
+    await clients.consumer(topic, "s", "c1", SubType.EXCLUSIVE)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await clients.consumer(topic, "s", "c2", SubType.SHARED)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "Exclusive" in (refused.value.details() or "")
+
+
+@pytest.mark.parametrize("subscription", ["", "a/b", "two words", ".."])
+async def test_malformed_subscription_name_is_invalid(
+    clients: Clients, broker: Broker, etcd_server: str, etcd_prefix: str, subscription: str
+) -> None:
+    await clients.producer("/default/t")
+    async with raw_stubs(broker.url) as raw:
+        error = await rpc_error(
+            raw.consumers.Subscribe(consumer_request("/default/t", subscription))
+        )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    async with metadata(etcd_server, etcd_prefix) as records:
+        assert await records.list_subscriptions("/default/t") == []
+
+
+async def test_unknown_acks_and_nacks_are_ignored(clients: Clients, broker: Broker) -> None:
+    topic = "/default/acks"
+    producer = await clients.producer(topic)
+    sub = await clients.consumer(topic, "s", "c1")
+    unknown = [
+        pb.MsgID(topic_name="/default/never", topic_offset=3),  # no such topic
+        pb.MsgID(topic_name=topic, topic_offset=99),  # never delivered
+        pb.MsgID(topic_name="garbage", topic_offset=0),  # not even a topic name
+    ]
+    async with raw_stubs(broker.url) as raw:
+        for i, msg_id in enumerate(unknown):
+            ack = await raw.consumers.Ack(
+                pb.AckRequest(request_id=10 + i, msg_id=msg_id, subscription_name="s")
+            )
+            assert ack.request_id == 10 + i
+            nack = await raw.consumers.Nack(
+                pb.NackRequest(request_id=20 + i, msg_id=msg_id, subscription_name="nope")
+            )
+            assert nack.request_id == 20 + i
+
+    # The subscription is unharmed: offset 0 is still delivered and acked normally.
+    await producer.send(b"m0")
+    got = await sub.take(1)
+    assert offsets(got) == [0]
+    await sub.ack_all(got)

@@ -1,0 +1,340 @@
+"""Publish/subscribe through the real danube-client: message fields, and what each
+subscription type (Exclusive, Shared, Failover, KeyShared) gives to which consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from danube import SubType
+from danube.proto import DanubeApi_pb2 as pb
+
+from danube_ingest.broker.server import Broker
+
+from .support import (
+    RECEIVE_TIMEOUT,
+    Clients,
+    Subscribed,
+    consumer_request,
+    message,
+    offsets,
+    payloads,
+    producer_request,
+    raw_stubs,
+)
+
+
+@pytest.fixture
+async def clients(broker: Broker) -> AsyncIterator[Clients]:
+    async with Clients(broker.url) as opened:
+        yield opened
+
+
+async def take_spread(subs: list[Subscribed], total: int) -> list[list[Any]]:
+    """The next ``total`` messages over several consumers, per consumer in arrival order."""
+    got: list[list[Any]] = [[] for _ in subs]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RECEIVE_TIMEOUT
+    while sum(map(len, got)) < total:
+        if loop.time() > deadline:
+            raise AssertionError(
+                f"expected {total} messages, got {[offsets(g) for g in got]} per consumer"
+            )
+        for sub, bucket in zip(subs, got, strict=True):
+            while not sub.queue.empty():
+                bucket.append(sub.queue.get_nowait())
+        await asyncio.sleep(0.01)
+    return got
+
+
+async def test_published_fields_reach_the_consumer(clients: Clients) -> None:
+    topic = "/default/basic"
+    producer = await clients.producer(topic, "p1")
+    sub = await clients.consumer(topic, "s1", "c1")
+    before_ms = int(time.time() * 1000)
+    for i in range(5):
+        await producer.send(f"m{i}".encode(), {"i": str(i), "kind": "test"})
+    after_ms = int(time.time() * 1000)
+    second = await clients.producer(topic, "p2")
+    await second.send(b"from-p2", None)
+
+    got = await sub.take(6)
+    assert offsets(got) == list(range(6))
+    assert payloads(got) == [b"m0", b"m1", b"m2", b"m3", b"m4", b"from-p2"]
+    assert [dict(m.attributes) for m in got[:5]] == [
+        {"i": str(i), "kind": "test"} for i in range(5)
+    ]
+    assert dict(got[5].attributes) == {}
+    assert [m.producer_name for m in got] == ["p1"] * 5 + ["p2"]
+    assert all(before_ms <= m.publish_time <= after_ms for m in got[:5])
+    assert {m.msg_id.topic_name for m in got} == {topic}
+    assert {m.subscription_name for m in got} == {"s1"}
+    assert len({m.msg_id.producer_id for m in got[:5]}) == 1
+    assert got[0].msg_id.producer_id != got[5].msg_id.producer_id
+    # The producers' request ids come back unchanged (each producer's CreateProducer was 1).
+    assert [m.request_id for m in got] == [2, 3, 4, 5, 6, 2]
+    await sub.ack_all(got)
+
+
+async def test_each_exclusive_subscription_gets_every_message(clients: Clients) -> None:
+    topic = "/default/two-subs"
+    producer = await clients.producer(topic)
+    first = await clients.consumer(topic, "s1", "c1")
+    second = await clients.consumer(topic, "s2", "c2")
+    for i in range(10):
+        await producer.send(f"m{i}".encode())
+    for sub in (first, second):
+        got = await sub.take(10)
+        assert offsets(got) == list(range(10))
+        assert payloads(got) == [f"m{i}".encode() for i in range(10)]
+        await sub.ack_all(got)
+
+
+async def test_exclusive_refuses_a_second_consumer_name(clients: Clients) -> None:
+    topic = "/default/exclusive"
+    producer = await clients.producer(topic)
+    holder = await clients.consumer(topic, "s", "c1")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await clients.consumer(topic, "s", "c2")
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "c1" in (refused.value.details() or "")
+
+    # The refusal does not disturb the holder.
+    await producer.send(b"still mine")
+    got = await holder.take(1)
+    assert payloads(got) == [b"still mine"]
+    await holder.ack_all(got)
+
+
+async def test_exclusive_is_free_again_once_its_consumer_left(clients: Clients) -> None:
+    topic = "/default/exclusive-released"
+    producer = await clients.producer(topic)
+    holder = await clients.consumer(topic, "s", "c1")
+    await producer.send(b"m0")
+    await holder.ack_all(await holder.take(1))
+    await producer.send(b"m1")  # delivered to c1, never acked
+    assert payloads(await holder.take(1)) == [b"m1"]
+    await holder.consumer.close()
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RECEIVE_TIMEOUT
+    while True:
+        try:
+            successor = await clients.consumer(topic, "s", "c2")
+            break
+        except grpc.aio.AioRpcError as exc:
+            # c1's stream ends asynchronously after its close; until then it holds the
+            # subscription.
+            assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert loop.time() < deadline, "c1 still holds the subscription"
+            await asyncio.sleep(0.05)
+    got = await successor.take(1)
+    assert (offsets(got), payloads(got)) == ([1], [b"m1"])
+
+
+async def test_shared_gives_each_message_to_exactly_one_consumer_round_robin(
+    clients: Clients,
+) -> None:
+    topic = "/default/shared"
+    producer = await clients.producer(topic)
+    subs = [await clients.consumer(topic, "s", f"c{i}", SubType.SHARED) for i in range(3)]
+    for i in range(30):
+        await producer.send(f"m{i}".encode())
+
+    got = await take_spread(subs, 30)
+    every = sorted(o for bucket in got for o in offsets(bucket))
+    assert every == list(range(30))  # each message once, to one consumer
+    assert [len(bucket) for bucket in got] == [10, 10, 10]  # round robin
+    for sub, bucket in zip(subs, got, strict=True):
+        await sub.ack_all(bucket)
+
+
+@pytest.mark.parametrize("departure", ["close", "stream_cancelled"])
+async def test_failover_standby_takes_over_without_losing_or_repeating_acked(
+    clients: Clients, departure: str
+) -> None:
+    topic = f"/default/failover-{departure.replace('_', '-')}"
+    producer = await clients.producer(topic)
+    active = await clients.consumer(topic, "s", "c1", SubType.FAILOVER)
+    standby = await clients.consumer(topic, "s", "c2", SubType.FAILOVER)
+    for i in range(5):
+        await producer.send(f"m{i}".encode())
+
+    first = await active.take(5)
+    assert offsets(first) == [0, 1, 2, 3, 4]
+    assert standby.queue.empty()
+    await active.ack_all(first[:3])  # 3 and 4 stay unacknowledged
+
+    if departure == "close":
+        await active.consumer.close()
+    else:
+        # The client's receive task owns the ReceiveMessages stream: cancelling it cancels
+        # the stream while the consumer stays subscribed (like a stalled process).
+        for task in active.consumer._tasks:
+            task.cancel()
+
+    redelivered = await standby.take(2)
+    assert offsets(redelivered) == [3, 4]
+    assert payloads(redelivered) == [b"m3", b"m4"]
+    for i in range(5, 8):
+        await producer.send(f"m{i}".encode())
+    later = await standby.take(3)
+    assert offsets(later) == [5, 6, 7]
+    await standby.ack_all(redelivered + later)
+
+
+async def test_key_shared_keeps_each_key_on_one_consumer_in_order(clients: Clients) -> None:
+    topic = "/default/key-shared"
+    producer = await clients.producer(topic)
+    subs = [await clients.consumer(topic, "s", f"c{i}", SubType.KEY_SHARED) for i in range(2)]
+    keys = [f"key-{k}" for k in range(20)]
+    for round_ in range(3):
+        for key in keys:
+            await producer.send_with_key(f"{key}/{round_}".encode(), None, key)
+
+    got = await take_spread(subs, 60)
+    owner: dict[str, set[int]] = defaultdict(set)
+    per_key: dict[str, list[int]] = defaultdict(list)
+    for index, bucket in enumerate(got):
+        for m in bucket:
+            assert m.routing_key == m.payload.decode().split("/")[0]
+            owner[m.routing_key].add(index)
+            per_key[m.routing_key].append(m.msg_id.topic_offset)
+    assert set(owner) == set(keys)
+    assert all(len(consumers) == 1 for consumers in owner.values()), dict(owner)
+    assert all(seq == sorted(seq) and len(seq) == 3 for seq in per_key.values())
+    assert all(bucket for bucket in got), "20 keys all hashed to one consumer"
+    for sub, bucket in zip(subs, got, strict=True):
+        await sub.ack_all(bucket)
+
+
+async def test_key_shared_honours_key_filters(clients: Clients) -> None:
+    topic = "/default/key-filters"
+    producer = await clients.producer(topic)
+    europe = await clients.consumer(topic, "s", "eu", SubType.KEY_SHARED, ["eu-*"])
+    america = await clients.consumer(topic, "s", "us", SubType.KEY_SHARED, ["us-*", "ca-?"])
+    keys = ["eu-west", "us-east", "eu-north", "ca-1", "us-west", "eu-south"]
+    for round_ in range(3):
+        for key in keys:
+            await producer.send_with_key(f"{key}/{round_}".encode(), None, key)
+
+    got_eu, got_us = await take_spread([europe, america], 18)
+    assert sorted({m.routing_key for m in got_eu}) == ["eu-north", "eu-south", "eu-west"]
+    assert sorted({m.routing_key for m in got_us}) == ["ca-1", "us-east", "us-west"]
+    assert len(got_eu) == len(got_us) == 9
+    await europe.ack_all(got_eu)
+    await america.ack_all(got_us)
+
+
+async def test_shared_consumer_leaving_hands_its_unacked_to_the_others(clients: Clients) -> None:
+    topic = "/default/shared-leave"
+    producer = await clients.producer(topic)
+    leaving, staying = [
+        await clients.consumer(topic, "s", f"c{i}", SubType.SHARED) for i in range(2)
+    ]
+    for i in range(4):
+        await producer.send(f"m{i}".encode())
+    left_with, kept = await take_spread([leaving, staying], 4)
+    assert len(left_with) == len(kept) == 2
+    await staying.ack_all(kept)
+    await leaving.consumer.close()  # nothing acked
+
+    handed_over = await staying.take(2)
+    assert offsets(handed_over) == offsets(left_with)
+    await staying.ack_all(handed_over)
+
+
+async def test_same_consumer_name_is_the_same_consumer_and_a_new_stream_takes_over(
+    broker: Broker,
+) -> None:
+    topic = "/default/takeover"
+    async with raw_stubs(broker.url) as raw:
+        producer = await raw.producers.CreateProducer(producer_request(topic))
+        again = await raw.producers.CreateProducer(producer_request(topic))
+        assert again.producer_id == producer.producer_id
+        first = await raw.consumers.Subscribe(consumer_request(topic, "s", "c1"))
+        second = await raw.consumers.Subscribe(consumer_request(topic, "s", "c1"))
+        assert second.consumer_id == first.consumer_id
+        other = await raw.consumers.Subscribe(consumer_request(topic, "s2", "c1"))
+        assert other.consumer_id != first.consumer_id  # another subscription, another consumer
+
+        await raw.producers.SendMessage(message(producer.producer_id, topic, b"m0"))
+        receive = pb.ReceiveRequest(request_id=1, consumer_id=first.consumer_id)
+        old_stream = raw.consumers.ReceiveMessages(receive)
+        delivered = await asyncio.wait_for(old_stream.read(), RECEIVE_TIMEOUT)
+        assert (delivered.msg_id.topic_offset, delivered.payload) == (0, b"m0")
+
+        # A second stream for the same consumer (the client reconnecting) takes over: the old
+        # stream ends and the unacknowledged message is delivered again on the new one.
+        new_stream = raw.consumers.ReceiveMessages(receive)
+        redelivered = await asyncio.wait_for(new_stream.read(), RECEIVE_TIMEOUT)
+        assert (redelivered.msg_id.topic_offset, redelivered.payload) == (0, b"m0")
+        assert await asyncio.wait_for(old_stream.read(), RECEIVE_TIMEOUT) is grpc.aio.EOF
+        new_stream.cancel()
+
+
+async def test_failover_consumer_reopening_its_stream_stays_active(broker: Broker) -> None:
+    topic = "/default/failover-reopen"
+    async with raw_stubs(broker.url) as raw:
+        producer = await raw.producers.CreateProducer(producer_request(topic))
+        active = await raw.consumers.Subscribe(consumer_request(topic, "s", "c1", SubType.FAILOVER))
+        standby = await raw.consumers.Subscribe(
+            consumer_request(topic, "s", "c2", SubType.FAILOVER)
+        )
+
+        def stream(consumer_id: int) -> Any:
+            return raw.consumers.ReceiveMessages(
+                pb.ReceiveRequest(request_id=1, consumer_id=consumer_id)
+            )
+
+        standby_stream = stream(standby.consumer_id)
+        old_stream = stream(active.consumer_id)
+        await raw.producers.SendMessage(message(producer.producer_id, topic, b"m0"))
+        first = await asyncio.wait_for(old_stream.read(), RECEIVE_TIMEOUT)
+        assert first.msg_id.topic_offset == 0
+
+        # c1 reconnects while its old stream is still open (a half-dead connection): it is
+        # still the same consumer, so it keeps its place as the active one.
+        new_stream = stream(active.consumer_id)
+        again = await asyncio.wait_for(new_stream.read(), RECEIVE_TIMEOUT)
+        assert again.msg_id.topic_offset == 0
+        await raw.producers.SendMessage(message(producer.producer_id, topic, b"m1", request_id=2))
+        later = await asyncio.wait_for(new_stream.read(), RECEIVE_TIMEOUT)
+        assert (later.msg_id.topic_offset, later.payload) == (1, b"m1")
+        for s in (old_stream, new_stream, standby_stream):
+            s.cancel()
+
+
+async def test_key_shared_consumer_resubscribing_with_new_filters_keeps_them(
+    broker: Broker,
+) -> None:
+    topic = "/default/refilter"
+
+    def subscribe(filters: list[str]) -> Any:
+        request = consumer_request(topic, "s", "c1", SubType.KEY_SHARED)
+        request.key_filters.extend(filters)
+        return raw.consumers.Subscribe(request)
+
+    async with raw_stubs(broker.url) as raw:
+        producer = await raw.producers.CreateProducer(producer_request(topic))
+        before = await subscribe(["old-*"])
+        after = await subscribe(["new-*"])  # the application changed its configuration
+        assert after.consumer_id == before.consumer_id
+        receive = pb.ReceiveRequest(request_id=1, consumer_id=after.consumer_id)
+
+        for attempt in range(2):  # the second stream is the client reconnecting
+            stream = raw.consumers.ReceiveMessages(receive)
+            await raw.producers.SendMessage(
+                message(producer.producer_id, topic, b"m", routing_key=f"new-{attempt}")
+            )
+            got = await asyncio.wait_for(stream.read(), RECEIVE_TIMEOUT)
+            assert (got.routing_key, got.msg_id.topic_offset) == (f"new-{attempt}", attempt)
+            await raw.consumers.Ack(
+                pb.AckRequest(request_id=1, msg_id=got.msg_id, subscription_name="s")
+            )
+            stream.cancel()
