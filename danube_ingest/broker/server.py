@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 
 #: gRPC frames carry a payload plus headers; leave room above the payload limit for them.
 _GRPC_OVERHEAD = 64 * 1024
+#: Publish requests up to this size are read and then refused with INVALID_ARGUMENT when their
+#: payload is over the limit. Beyond it gRPC itself refuses with RESOURCE_EXHAUSTED, which
+#: danube-client retries forever; so it is set well above the payload limit (the memory cost:
+#: one such request buffer per concurrent oversized publish).
+_GRPC_MIN_RECEIVE = 64 * 1024 * 1024
 
 
 def dispatch_policy(config: BrokerConfig) -> DispatchPolicy:
@@ -121,9 +126,10 @@ class Broker:
         kv = self._kv
         keys = Keys(config.etcd.prefix)
         max_message = config.limits.max_payload_bytes + _GRPC_OVERHEAD
+        max_receive = max(4 * config.limits.max_payload_bytes, _GRPC_MIN_RECEIVE)
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", max_message),
+                ("grpc.max_receive_message_length", max_receive),
                 ("grpc.max_send_message_length", max_message),
             ]
         )

@@ -63,6 +63,9 @@ from danube_ingest.wal.framing import Entry
 
 log = logging.getLogger(__name__)
 
+#: A producer that neither published nor health-checked (every 5 s) for this long no longer
+#: counts against ``limits.max_producers_per_topic``.
+PRODUCER_IDLE_SECONDS = 30.0
 #: Seconds a topic's schema configuration is cached before it is re-read.
 SCHEMA_CONFIG_TTL = 1.0
 
@@ -75,7 +78,8 @@ class TopicRuntime:
     record: TopicRecord
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
     fanout: NonReliableTopic | None = None
-    producers: set[int] = field(default_factory=set)
+    producers: dict[int, float] = field(default_factory=dict)
+    """Producer id -> when it last created, published or health-checked (monotonic)."""
     closed: bool = False
     schema_config: TopicSchemaConfig | None = None
     schema_checked: float = float("-inf")
@@ -83,6 +87,12 @@ class TopicRuntime:
     @property
     def reliable(self) -> bool:
         return self.record.reliable
+
+    def active_producers(self) -> int:
+        """Producers seen within PRODUCER_IDLE_SECONDS (Danube has no close-producer call:
+        a producer that went away just stops health-checking and publishing)."""
+        horizon = time.monotonic() - PRODUCER_IDLE_SECONDS
+        return sum(1 for seen in self.producers.values() if seen >= horizon)
 
 
 class TopicManager:
@@ -236,10 +246,10 @@ class TopicManager:
                 f"a producer cannot use the other dispatch strategy"
             )
         existing = await self._records.find_producer(topic, name)
-        if existing is None and len(runtime.producers) >= self._limits.max_producers_per_topic:
+        active = runtime.active_producers()
+        if existing is None and active >= self._limits.max_producers_per_topic:
             raise LimitExceededError(
-                f"topic {topic} has {len(runtime.producers)} producers "
-                f"(limits.max_producers_per_topic)"
+                f"topic {topic} has {active} active producers (limits.max_producers_per_topic)"
             )
         if schema_subject:
             # Danube's rule: the first producer naming a subject binds the topic to it. Only
@@ -248,7 +258,7 @@ class TopicManager:
             runtime.schema_checked = float("-inf")
         if existing is not None:
             self._producers[existing.client_id] = existing
-            runtime.producers.add(existing.client_id)
+            runtime.producers[existing.client_id] = time.monotonic()
             return existing.client_id
         client_id = await self._records.allocate_client_id()
         record = ClientRecord(
@@ -256,7 +266,7 @@ class TopicManager:
         )
         await self._records.put_client(record)
         self._producers[client_id] = record
-        runtime.producers.add(client_id)
+        runtime.producers[client_id] = time.monotonic()
         return client_id
 
     async def _producer(self, producer_id: int) -> ClientRecord:
@@ -281,6 +291,7 @@ class TopicManager:
         runtime = self._topics.get(topic)
         if runtime is None:
             runtime = await self._load(topic)
+        runtime.producers[record.client_id] = time.monotonic()
         limits = self._limits
         if len(msg.payload) > limits.max_payload_bytes:
             raise InvalidRequestError(
@@ -538,7 +549,12 @@ class TopicManager:
             # Metadata unreachable: say nothing alarming; an error would end the client's
             # health loop for good.
             return True
-        return record.topic in self._topics or not is_consumer
+        runtime = self._topics.get(record.topic)
+        if not is_consumer:
+            if runtime is not None:
+                runtime.producers[client_id] = time.monotonic()
+            return True
+        return runtime is not None
 
     def end_streams(self) -> None:
         """End every consumer stream (shutdown: clients reconnect to whoever serves next)."""

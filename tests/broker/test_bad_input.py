@@ -104,6 +104,12 @@ async def test_payload_and_attribute_limits_reject_without_taking_an_offset(
         assert too_many.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "max_attributes" in (too_many.value.details() or "")
 
+        # Far over the limit (beyond the limit plus gRPC's framing allowance): still read and
+        # refused as INVALID_ARGUMENT, not RESOURCE_EXHAUSTED (which the client retries forever).
+        with pytest.raises(grpc.aio.AioRpcError) as huge:
+            await producer.send(b"e" * (2 * 1024 * 1024))
+        assert huge.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
         await producer.send(b"d")
         got = await sub.take(2)
         assert offsets(got) == [0, 1]
