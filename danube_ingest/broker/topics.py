@@ -199,7 +199,10 @@ class TopicManager:
                 raise NotOwnerError(topic, owner.url)
             runtime = TopicRuntime(topic, record)
             if record.reliable:
-                start = await self._reservations.start_offset(topic)
+                local = self._store.info(topic)
+                start = await self._reservations.start_offset(
+                    topic, local.next_offset if local is not None else None
+                )
                 await self._store.ensure_topic(topic, min_next_offset=start)
             else:
                 runtime.fanout = NonReliableTopic(topic)

@@ -1,9 +1,11 @@
 """``OffsetReservation``: offsets are never reused across owners.
 
-``topics/{ns}/{topic}/offsets`` = ``{"reserved": N}`` means offsets below ``N`` may have been
-assigned by some owner. Before assigning an offset at or past ``N``, the owner raises ``N`` by a
-block in a fenced transaction; a new owner starts at the stored ``N``. A takeover may therefore
-leave a gap of up to a block, never a duplicate.
+``topics/{ns}/{topic}/offsets`` = ``{"reserved": N, "broker": id}`` means offsets below ``N``
+may have been assigned by some owner, and ``id`` made the last reservation. Before assigning an
+offset at or past ``N``, the owner raises ``N`` by a block in a fenced transaction; a new owner
+starts at the stored ``N``. A takeover may therefore leave a gap of up to a block, never a
+duplicate. A broker that re-acquires a topic whose last reservation is its own (a restart, with
+nobody assigning offsets in between) continues from its own WAL instead: no gap.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class _Reserved:
     """The acquisition this reservation was made (or read) under."""
     reserved: int
     stored: KeyValue | None
+    broker: str | None
+    """The broker that made the stored reservation (None: unknown or none)."""
 
 
 class OffsetReservation:
@@ -46,14 +50,19 @@ class OffsetReservation:
         self._locks: dict[str, asyncio.Lock] = {}
         ownership.on_lost(self._forget)
 
-    async def start_offset(self, topic: str) -> int:
-        """The first offset this owner may assign: the stored reservation (0 if none).
+    async def start_offset(self, topic: str, local_next: int | None = None) -> int:
+        """The first offset this owner may assign.
 
-        The owner must start at ``max(start_offset, its own next offset)``. Raises
-        ``FencedError`` if this broker does not own the topic.
+        ``local_next`` is the next offset of the topic in this broker's own WAL (None when the
+        WAL does not know the topic). When the last reservation is this broker's own, nobody
+        else assigned offsets since, and ``local_next`` is returned; otherwise the stored
+        reservation (0 if none). The owner must start at ``max(start_offset, its next
+        offset)``. Raises ``FencedError`` if this broker does not own the topic.
         """
         entry = await self._read(topic, self._owner(topic).epoch)
         self._cache[topic] = entry
+        if local_next is not None and entry.broker == self._ownership.session.broker_id:
+            return local_next
         return entry.reserved
 
     def covered(self, topic: str, next_offset: int) -> bool:
@@ -87,13 +96,15 @@ class OffsetReservation:
                     self._cache[topic] = entry
                     return entry.reserved
                 reserved = max(next_offset, entry.reserved) + self.block
+                broker = self._ownership.session.broker_id
+                value = json.dumps({"reserved": reserved, "broker": broker}).encode()
                 result = await self._ownership.fenced(
                     topic,
-                    [Put(key, json.dumps({"reserved": reserved}).encode()), Get(key)],
+                    [Put(key, value), Get(key)],
                     compares=[Compare.unchanged(key, entry.stored)],
                 )
                 if result.succeeded:
-                    self._cache[topic] = _Reserved(epoch, reserved, result.kv(1))
+                    self._cache[topic] = _Reserved(epoch, reserved, result.kv(1), broker)
                     return reserved
                 entry = None  # changed since read: read again
             raise MetadataError(f"the offset reservation of {topic} kept changing under its owner")
@@ -108,12 +119,14 @@ class OffsetReservation:
         key = self._ownership.keys.topic_offsets(topic)
         stored = await self._ownership.kv.get(key)
         if stored is None:
-            return _Reserved(epoch, 0, None)
+            return _Reserved(epoch, 0, None, None)
         try:
-            reserved = int(json.loads(stored.value)["reserved"])
-        except (ValueError, TypeError, KeyError) as exc:
+            doc = json.loads(stored.value)
+            reserved = int(doc["reserved"])
+            broker = doc.get("broker")
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise MetadataError(f"malformed offset reservation at {key}: {stored.value!r}") from exc
-        return _Reserved(epoch, reserved, stored)
+        return _Reserved(epoch, reserved, stored, broker if isinstance(broker, str) else None)
 
     def _forget(self, topic: str) -> None:
         self._cache.pop(topic, None)

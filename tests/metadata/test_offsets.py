@@ -87,3 +87,29 @@ async def test_a_new_acquisition_rereads_the_reservation(brokers: tuple[Broker, 
     await a.ownership.acquire(TOPIC)  # epoch 3: a must not trust what it cached at epoch 1
     assert not a.offsets.covered(TOPIC, 1)
     assert await a.offsets.ensure(TOPIC, 6) == 5 + 3 * OFFSET_BLOCK
+
+
+async def test_own_last_reservation_continues_from_the_local_wal(
+    brokers: tuple[Broker, Broker], kv: KV, keys: Keys
+) -> None:
+    a, b = brokers
+    await a.ownership.acquire(TOPIC)
+    assert await a.offsets.start_offset(TOPIC, local_next=0) == 0
+    await a.offsets.ensure(TOPIC, 10)  # a assigns offsets 0..9
+    await a.ownership.release(TOPIC)
+
+    # a again (a restart with its WAL): nobody assigned offsets since, so no gap.
+    await a.ownership.acquire(TOPIC)
+    assert await a.offsets.start_offset(TOPIC, local_next=10) == 10
+    assert a.offsets.covered(TOPIC, 11)
+    # Without a local WAL for the topic, a cannot know where it stopped: the reservation.
+    assert await a.offsets.start_offset(TOPIC) == 10 + OFFSET_BLOCK
+    await a.ownership.release(TOPIC)
+
+    # b reserves, then a comes back: a's WAL is stale, it must start after b's reservation.
+    await b.ownership.acquire(TOPIC)
+    start_b = await b.offsets.start_offset(TOPIC, local_next=None)
+    await b.offsets.ensure(TOPIC, start_b + 1)
+    await b.ownership.release(TOPIC)
+    await a.ownership.acquire(TOPIC)
+    assert await a.offsets.start_offset(TOPIC, local_next=10) == await stored_reservation(kv, keys)
