@@ -13,20 +13,37 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from danube_ingest.errors import FrameError, WalCorruptionError
+from crc32c import crc32c
+
+from danube_ingest.errors import (
+    CorruptFrameError,
+    FrameError,
+    TruncatedFrameError,
+    WalCorruptionError,
+)
 from danube_ingest.wal.framing import (
-    FrameInfo,
+    BATCH_HEADER_SIZE,
+    FORMAT_VERSION,
+    MAX_FRAME_BODY,
+    PREFIX_SIZE,
     Kind,
     batch_header,
     decode_checkpoint,
+    decode_frame,
     decode_time,
     decode_topic,
 )
 from danube_ingest.wal.meta import TopicMeta, fsync_dir, read_snapshot
-from danube_ingest.wal.segment import list_segments, scan, segment_path
+from danube_ingest.wal.segment import (
+    SegmentReader,
+    find_valid_frame,
+    list_segments,
+    segment_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,67 +70,198 @@ class RegionState:
         return max(self.used_seq, max(self.segments) + 1 if self.segments else 0)
 
 
-def _apply(
-    state: RegionState, seq: int, path: Path, frames: list[FrameInfo], interval: int
-) -> None:
-    """Fold one segment's frames into ``state``; raise WalCorruptionError on inconsistency."""
+# The scan of a segment is recovery's hot loop: it verifies and applies each frame in place,
+# without building a FrameInfo, a BatchHeader, a body view or a list per frame. It unpacks the
+# frame prefix (see the framing module docstring) itself, reading kind and version as one u16
+# (kind | version << 8) and skipping the reserved u16 (decode_frame does not check it either),
+# with one call together with the batch header that follows it in a MESSAGES frame (all of it
+# but first_ingest_ms, which only a topic's first frame in a segment needs).
+_PREFIX = struct.Struct("<IH2xII")
+_FRAME = struct.Struct("<IH2xII" + "IQI8xq")
+_FIRST_MS = struct.Struct("<q")
+_FIRST_MS_OFFSET = 16  # of first_ingest_ms in the batch header
+assert _PREFIX.size == PREFIX_SIZE and _FRAME.size == PREFIX_SIZE + BATCH_HEADER_SIZE
 
-    def corrupt(frame: FrameInfo, reason: str) -> WalCorruptionError:
-        return WalCorruptionError(str(path), frame.position, reason)
+_MESSAGES = int(Kind.MESSAGES) | FORMAT_VERSION << 8
+_TOPIC = int(Kind.TOPIC) | FORMAT_VERSION << 8
+_TIME = int(Kind.TIME) | FORMAT_VERSION << 8
+_CHECKPOINT = int(Kind.CHECKPOINT) | FORMAT_VERSION << 8
+_VALID = frozenset(int(kind) | FORMAT_VERSION << 8 for kind in Kind)
+_NOT_CHECKPOINT = "segment does not start with a CHECKPOINT frame"
 
-    if not frames:
-        return
-    if frames[0].kind != Kind.CHECKPOINT:
-        raise corrupt(frames[0], "segment does not start with a CHECKPOINT frame")
-    by_id = {t.topic_id: t for t in state.topics.values()}
-    in_segment: dict[int, TopicMeta] = {}
-    for frame in frames:
-        kind = frame.kind
-        try:
-            if kind == Kind.MESSAGES:
-                header = batch_header(frame.body)
-                topic = in_segment.get(header.topic_id)
-                if topic is None:
-                    raise corrupt(frame, f"topic id {header.topic_id} used before registration")
-                if topic.next_offset < 0:
+
+class _Inconsistent(Exception):
+    """A frame whose CRCs are valid but whose content contradicts the region's state."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class _Scanned:
+    """What scanning one segment found (positions are byte offsets in the file)."""
+
+    frames: int
+    """Number of valid frames (both CRCs and the prefix fields check) before ``valid_end``."""
+    valid_end: int
+    """Byte position just past the last valid frame."""
+    error: FrameError | None
+    """Why the frame at ``valid_end`` does not decode, if the segment does not end there."""
+    resync_position: int | None
+    """Position of a valid frame after the damage: if set, the damage is not a torn tail."""
+    inconsistency: WalCorruptionError | None
+    """The first valid frame that contradicts the state; neither it nor any later frame of the
+    segment was applied."""
+
+
+def _gap(topic: TopicMeta, expected: int, found: int) -> _Inconsistent:
+    return _Inconsistent(f"offset gap in topic {topic.name}: expected {expected}, found {found}")
+
+
+def _frame_end(data: memoryview, position: int) -> int:
+    """End of the valid frame at ``position`` of ``data``, or -1 when it does not decode.
+
+    The checks of decode_frame (which explains a failure: see _frame_error), as in the loop of
+    _scan_segment.
+    """
+    end = len(data)
+    if end - position < PREFIX_SIZE:
+        return -1
+    length, kv, body_crc, header_crc = _PREFIX.unpack_from(data, position)
+    start = position + PREFIX_SIZE
+    stop: int = start + length
+    if (
+        kv not in _VALID
+        or stop > end
+        or length > MAX_FRAME_BODY
+        or crc32c(data[position : position + 12]) != header_crc
+        or crc32c(data[start:stop]) != body_crc
+    ):
+        return -1
+    return stop
+
+
+def _frame_error(data: memoryview, position: int) -> FrameError:
+    """The error decode_frame reports for the frame at ``position`` (which does not decode)."""
+    try:
+        decode_frame(data, position)
+    except FrameError as exc:
+        # Without its traceback, whose frames reference slices of ``data``.
+        return exc.with_traceback(None)
+    return CorruptFrameError("frame does not verify", position)  # pragma: no cover
+
+
+def _scan_segment(
+    state: RegionState, seq: int, path: Path, data: memoryview, interval: int
+) -> _Scanned:
+    """Verify every frame of one segment's bytes and fold them into ``state``, in one pass.
+
+    Every frame's header CRC and body CRC32C is checked before anything in it is used. The
+    scan stops at the first frame that does not decode (``error``); nothing from there on is
+    applied, as if the segment ended there. A valid frame that contradicts the state
+    (``inconsistency``) is not applied either, nor is any later frame, but the rest of the
+    segment is still verified, so that the caller can tell a torn tail from corruption just as
+    when nothing is inconsistent. ``state.frames_scanned`` counts the frames applied.
+    """
+    topics = state.topics
+    by_id = {t.topic_id: t for t in topics.values()}
+    in_segment: dict[int, TopicMeta] = {}  # the topics registered in the segment so far
+    # Locals for the globals used for every frame (LOAD_FAST is the cheapest load).
+    unpack_frame = _FRAME.unpack_from
+    crc = crc32c
+    valid = _VALID
+    messages = _MESSAGES
+    prefix_size = PREFIX_SIZE
+    batch_header_size = BATCH_HEADER_SIZE
+    end = len(data)
+    # A frame that ends within a segment of at most MAX_FRAME_BODY bytes after its prefix
+    # cannot be longer than MAX_FRAME_BODY: only longer segments need that check.
+    check_max = end > MAX_FRAME_BODY + PREFIX_SIZE
+    position = stop = frames = kv = 0
+    inconsistency: WalCorruptionError | None = None
+    try:
+        # Keep the checks in step with _frame_end.
+        while position < end:
+            try:
+                (
+                    length,
+                    kv,
+                    body_crc,
+                    header_crc,
+                    topic_id,
+                    base,
+                    count,
+                    last_ms,
+                ) = unpack_frame(data, position)
+            except struct.error:
+                # Fewer bytes left than a prefix and a batch header: no MESSAGES frame fits.
+                if end - position < PREFIX_SIZE:
+                    break
+                length, kv, body_crc, header_crc = _PREFIX.unpack_from(data, position)
+                topic_id = base = count = last_ms = 0
+            start = position + prefix_size
+            stop = start + length
+            if (
+                kv not in valid
+                or stop > end
+                or (check_max and length > MAX_FRAME_BODY)
+                or crc(data[position : position + 12]) != header_crc
+                or crc(data[start:stop]) != body_crc
+            ):
+                break
+            if kv == messages:
+                if length < batch_header_size:
+                    batch_header(data[start:stop])  # raises its CorruptFrameError
+                try:
+                    topic = in_segment[topic_id]
+                except KeyError:
+                    raise _Inconsistent(f"topic id {topic_id} used before registration") from None
+                if base != topic.next_offset:
+                    if topic.next_offset >= 0:
+                        raise _gap(topic, topic.next_offset, base)
                     # First frame of a topic unknown to the snapshot: its earlier segments may
                     # have been pruned, so it need not start at offset 0.
-                    topic.next_offset = topic.first_offset = header.base_offset
-                if header.base_offset != topic.next_offset:
-                    raise corrupt(
-                        frame,
-                        f"offset gap in topic {topic.name}: expected {topic.next_offset}, "
-                        f"found {header.base_offset}",
-                    )
-                topic.note_frame(
-                    seq,
-                    frame.position,
-                    header.base_offset,
-                    header.num_entries,
-                    header.first_ingest_ms,
-                    header.last_ingest_ms,
-                    interval,
-                )
-                topic.next_offset = topic.hwm = header.base_offset + header.num_entries
-                topic.last_ingest_ms = max(topic.last_ingest_ms, header.last_ingest_ms)
-            elif kind == Kind.TOPIC:
-                topic_id, name = decode_topic(frame.body)
-                existing = state.topics.get(name)
+                    topic.next_offset = topic.first_offset = base
+                # topic.note_frame(seq, position, base, count, first_ms, last_ms, interval),
+                # with its common case inlined: the frame continues the topic's span in this
+                # segment.
+                spans = topic.spans
+                if spans and (span := spans[-1]).seq == seq:
+                    span.last_offset = base + count - 1
+                    span.last_ingest_ms = last_ms
+                    if position - topic.last_index_pos >= interval:
+                        span.index.append((base, position))
+                        topic.last_index_pos = position
+                else:
+                    (first_ms,) = _FIRST_MS.unpack_from(data, start + _FIRST_MS_OFFSET)
+                    topic.note_frame(seq, position, base, count, first_ms, last_ms, interval)
+                topic.next_offset = topic.hwm = base + count
+                if last_ms > topic.last_ingest_ms:
+                    topic.last_ingest_ms = last_ms
+            elif kv == _TOPIC:
+                if position == 0:
+                    raise _Inconsistent(_NOT_CHECKPOINT)
+                topic_id, name = decode_topic(data[start:stop])
+                existing = topics.get(name)
                 if existing is None:
                     if topic_id in by_id:
-                        raise corrupt(frame, f"topic id {topic_id} bound to two names")
+                        raise _Inconsistent(f"topic id {topic_id} bound to two names")
                     existing = TopicMeta(name, topic_id, next_offset=-1)
-                    state.topics[name] = existing
+                    topics[name] = existing
                     by_id[topic_id] = existing
                 elif existing.topic_id != topic_id:
-                    raise corrupt(frame, f"topic {name} re-registered with id {topic_id}")
+                    raise _Inconsistent(f"topic {name} re-registered with id {topic_id}")
                 in_segment[topic_id] = existing
                 state.next_topic_id = max(state.next_topic_id, topic_id + 1)
-            elif kind == Kind.TIME:
-                topic_id, next_offset, ingest_ms = decode_time(frame.body)
-                topic = in_segment.get(topic_id)
-                if topic is None:
-                    raise corrupt(frame, f"topic id {topic_id} used before registration")
+            elif kv == _TIME:
+                if position == 0:
+                    raise _Inconsistent(_NOT_CHECKPOINT)
+                topic_id, next_offset, ingest_ms = decode_time(data[start:stop])
+                try:
+                    topic = in_segment[topic_id]
+                except KeyError:
+                    raise _Inconsistent(f"topic id {topic_id} used before registration") from None
                 if topic.next_offset < 0:
                     topic.next_offset = topic.first_offset = topic.hwm = next_offset
                 elif next_offset > topic.next_offset:
@@ -122,13 +270,40 @@ def _apply(
                         topic.first_offset = next_offset
                     topic.next_offset = topic.hwm = next_offset
                 topic.last_ingest_ms = max(topic.last_ingest_ms, ingest_ms)
-            elif kind == Kind.CHECKPOINT:
-                cp_seq, _created, _region = decode_checkpoint(frame.body)
-                if frame.position != 0 or cp_seq != seq:
-                    raise corrupt(frame, f"unexpected CHECKPOINT for segment {cp_seq}")
-        except FrameError as exc:
-            raise corrupt(frame, str(exc)) from exc
-        state.frames_scanned += 1
+            else:  # CHECKPOINT
+                cp_seq, _created, _region = decode_checkpoint(data[start:stop])
+                if position != 0 or cp_seq != seq:
+                    raise _Inconsistent(f"unexpected CHECKPOINT for segment {cp_seq}")
+            frames += 1
+            position = stop
+    except (_Inconsistent, FrameError) as exc:
+        # (A FrameError here is a body that does not decode despite valid CRCs.)
+        reason = exc.reason if isinstance(exc, _Inconsistent) else str(exc)
+        if position == 0 and kv != _CHECKPOINT:
+            reason = _NOT_CHECKPOINT
+        inconsistency = WalCorruptionError(str(path), position, reason)
+        applied = frames
+        frames += 1
+        position = stop
+        while position < end:
+            stop = _frame_end(data, position)
+            if stop < 0:
+                break
+            frames += 1
+            position = stop
+    else:
+        applied = frames
+    state.frames_scanned += applied
+    if position >= end:
+        return _Scanned(frames, position, None, None, inconsistency)
+    error = _frame_error(data, position)
+    # A TruncatedFrameError means fewer bytes than a prefix are left, or the prefix passed its
+    # CRC and its length runs past the end: all that follows is one incomplete frame (a torn
+    # tail). A "valid frame" found inside it would be a payload's bytes, not a frame boundary.
+    resync = (
+        None if isinstance(error, TruncatedFrameError) else find_valid_frame(data, position + 1)
+    )
+    return _Scanned(frames, position, error, resync, inconsistency)
 
 
 def _settle(state: RegionState) -> None:
@@ -165,32 +340,55 @@ def _load_snapshot(region_dir: Path, seqs: list[int]) -> tuple[RegionState, int]
     return state, snapshot.next_seq
 
 
+def _empty_tail(region_dir: Path, seqs: list[int]) -> list[int]:
+    """The zero-length segments after the last one holding any bytes, ascending."""
+    tail: list[int] = []
+    for seq in reversed(seqs):
+        if segment_path(region_dir, seq).stat().st_size != 0:
+            break
+        tail.append(seq)
+    tail.reverse()
+    return tail
+
+
 def recover_region(region_dir: Path, index_interval: int = 64 * 1024) -> RegionState:
     """Rebuild a region's state; truncate a torn tail of its newest segment.
 
     Raises :class:`WalCorruptionError` when a segment is damaged anywhere but its torn tail.
     """
     seqs = list_segments(region_dir)
+    # Empty files after the last written segment: segments created in advance (the writer
+    # pre-creates the next one) or created just before a crash. They hold nothing.
+    empty_tail = _empty_tail(region_dir, seqs)
+    for seq in empty_tail:
+        segment_path(region_dir, seq).unlink()
+    if empty_tail:
+        fsync_dir(region_dir)
+        seqs = seqs[: len(seqs) - len(empty_tail)]
     state, start_seq = _load_snapshot(region_dir, seqs)
+    for seq in empty_tail:
+        state.used_seq = max(state.used_seq, seq + 1)
     # repair_region moved these out (and removed the snapshot that knew their numbers).
     for seq in list_segments(region_dir / "quarantine"):
         state.used_seq = max(state.used_seq, seq + 1)
+    reader = SegmentReader()
     for seq in seqs:
         path = segment_path(region_dir, seq)
         size = path.stat().st_size
         state.segments[seq] = size
         if seq < start_seq:
             continue
-        data = path.read_bytes()
-        state.bytes_scanned += len(data)
-        result = scan(data)
+        with reader.open(path) as data:
+            read = len(data)
+            result = _scan_segment(state, seq, path, data, index_interval)
+        state.bytes_scanned += read
         if result.error is not None:
             newest = seq == seqs[-1]
             if not newest or result.resync_position is not None:
                 where = "" if newest else " (a sealed segment)"
                 raise WalCorruptionError(str(path), result.valid_end, f"{result.error}{where}")
             _truncate(path, result.valid_end)
-            removed = len(data) - result.valid_end
+            removed = read - result.valid_end
             state.truncated.append((str(path), result.valid_end, removed))
             state.segments[seq] = result.valid_end
             log.warning(
@@ -199,7 +397,8 @@ def recover_region(region_dir: Path, index_interval: int = 64 * 1024) -> RegionS
                 result.valid_end,
                 removed,
             )
-        _apply(state, seq, path, result.frames, index_interval)
+        if result.inconsistency is not None:
+            raise result.inconsistency
         if not result.frames:
             # Created but nothing durable in it: remove it; sequence numbers are not reused.
             path.unlink()
@@ -242,16 +441,17 @@ def verify_region(region_dir: Path, index_interval: int = 64 * 1024) -> VerifyRe
     report = VerifyReport(str(region_dir))
     state = RegionState()
     seqs = list_segments(region_dir)
+    empty_tail = _empty_tail(region_dir, seqs)
+    seqs = seqs[: len(seqs) - len(empty_tail)]
+    reader = SegmentReader()
     for seq in seqs:
         path = segment_path(region_dir, seq)
-        data = path.read_bytes()
-        report.segments += 1
-        report.bytes += len(data)
-        result = scan(data)
-        try:
-            _apply(state, seq, path, result.frames, index_interval)
-        except WalCorruptionError as exc:
-            report.corruption = exc
+        with reader.open(path) as data:
+            report.segments += 1
+            report.bytes += len(data)
+            result = _scan_segment(state, seq, path, data, index_interval)
+        if result.inconsistency is not None:
+            report.corruption = result.inconsistency
             break
         if result.error is not None:
             if seq == seqs[-1] and result.resync_position is None:
@@ -294,6 +494,9 @@ def repair_region(region_dir: Path) -> list[str]:
     for seq in list_segments(region_dir):
         if seq > damaged_seq:
             src = segment_path(region_dir, seq)
+            if src.stat().st_size == 0:
+                src.unlink()  # a pre-created, never written segment: nothing to keep
+                continue
             dst = quarantine / src.name
             shutil.move(src, dst)
             moved.append(str(dst))
