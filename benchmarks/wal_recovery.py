@@ -35,6 +35,7 @@ from typing import Any
 
 from _common import MIB, bench_dir, emit, machine, median, ratio, say, warn_if_busy
 
+from danube_ingest.runtime import tune_gc
 from danube_ingest.store.topic_store import TopicStore
 from danube_ingest.wal.framing import Entry
 from danube_ingest.wal.meta import SNAPSHOT_NAME
@@ -211,6 +212,8 @@ def measure_scan(region_dir: Path, counts: dict[str, int], label: str) -> dict[s
 
 
 def main() -> None:
+    # The daemon's process settings (danube-ingest broker applies them the same way).
+    tune_gc()
     t_start = time.perf_counter()
     say("wal_recovery: recover_region(region_dir) without snapshot vs plain sequential read")
     load_start = warn_if_busy("start")
