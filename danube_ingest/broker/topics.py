@@ -272,14 +272,21 @@ class TopicManager:
         runtime.producers[client_id] = time.monotonic()
         return client_id
 
-    async def _producer(self, producer_id: int) -> ClientRecord:
-        record = self._producers.get(producer_id)
+    async def _client(
+        self, client_id: int, kind: str, known: dict[int, ClientRecord]
+    ) -> ClientRecord:
+        """A producer or consumer registration: cached, else from etcd (issued before a
+        restart, or by a previous owner of the topic)."""
+        record = known.get(client_id)
         if record is None:
-            record = await self._records.get_client(producer_id)
-            if record is None or record.kind != "producer":
-                raise UnknownClientError(f"unknown producer id {producer_id}")
-            self._producers[producer_id] = record
+            record = await self._records.get_client(client_id)
+            if record is None or record.kind != kind:
+                raise UnknownClientError(f"unknown {kind} id {client_id}")
+            known[client_id] = record
         return record
+
+    async def _producer(self, producer_id: int) -> ClientRecord:
+        return await self._client(producer_id, "producer", self._producers)
 
     async def publish(self, msg: Any) -> None:
         """Store (reliable) or fan out (non-reliable) one published message."""
@@ -475,13 +482,7 @@ class TopicManager:
         await self._append(dlq, copy)
 
     async def _consumer(self, consumer_id: int) -> ClientRecord:
-        record = self._consumers.get(consumer_id)
-        if record is None:
-            record = await self._records.get_client(consumer_id)
-            if record is None or record.kind != "consumer":
-                raise UnknownClientError(f"unknown consumer id {consumer_id}")
-            self._consumers[consumer_id] = record
-        return record
+        return await self._client(consumer_id, "consumer", self._consumers)
 
     async def _attach(self, record: ClientRecord) -> ConsumerHandle:
         runtime = await self._load(record.topic)
