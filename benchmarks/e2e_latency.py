@@ -1,0 +1,485 @@
+"""Publish -> delivery latency through the broker at a steady 1,000 msg/s, via danube-client.
+
+Run: ``.venv/bin/python benchmarks/e2e_latency.py`` (no arguments, ~40 s on 2 cores).
+
+Setup: a real local etcd and the real broker in a child process (default storage settings,
+``storage.wal.fsync: always``; see ``publish_danube_client.py``), danube-client 0.5 in this
+process on the default asyncio loop, everything on loopback. One reliable topic, one producer,
+one Exclusive consumer on a new subscription.
+
+Main figure (``value``): p99 of publish -> delivery latency. A paced producer starts one
+``producer.send`` task every millisecond (open loop: a slow send does not delay the next one).
+Each 100-byte payload carries a sequence number and ``time.perf_counter_ns()`` taken just before
+``send`` is called; the consumer takes each message off danube-client's receive queue, stamps
+``perf_counter_ns()`` at once (same process, same clock), and acks it in a separate task (acks
+are pipelined, as a consumer that keeps up at this rate must). Latency = receive - send. After
+``WARMUP`` s, ``ROUNDS`` windows of ``E2E_SECONDS`` s are measured (15 s, 15,000 messages).
+
+Baseline: the round-trip latency of a raw unary gRPC call at the same rate: ``HealthCheck`` on
+the broker (its real servicer, a dictionary lookup) through a plain ``grpc.aio`` channel, one
+call started every millisecond, ``BASE_SECONDS`` s per round, interleaved with the main windows.
+A delivery needs at least one such round trip (the publish) plus a WAL fdatasync plus a
+server-streaming hop, so ``ratio`` = e2e p99 / baseline p99 (lower is better) says how many
+unary-call p99s a delivery costs. The same calls against the no-op server of
+``publish_danube_client.py`` (child process) are reported as ``noop_health_*``: the gRPC floor
+with nothing else running in the server.
+
+Extras: publish (send -> MessageResponse) latency of the same messages, pacing lag (how late
+the sender started sends), messages undelivered/duplicated, CPU share of client and broker (and CPU
+time per message), the broker's fdatasyncs (messages per fdatasync, mean duration), a raw disk
+probe (116-byte write + fdatasync) per round, and ``low_rate_*``: the same path for
+``LOW_SECONDS`` at ``LOW_RATE`` msg/s, where nothing queues (latency of the hops themselves).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _common import bench_dir, emit, machine, percentile, ratio, say, warn_if_busy
+from publish_danube_client import (
+    BrokerChild,
+    NoopServerProcess,
+    close_client,
+    disk_probe,
+    open_client,
+    proc_cpu,
+    proc_rss_mib,
+)
+
+RATE = 1000
+PAYLOAD_BYTES = 100
+TOPIC = "/default/bench-e2e"
+SUBSCRIPTION = "bench-e2e"
+WARMUP = 2.0
+ROUNDS = 3
+E2E_SECONDS = 5.0
+BASE_SECONDS = 1.5
+DRAIN_TIMEOUT = 3.0
+LOW_RATE = 250
+LOW_SECONDS = 3.0
+MAX_IN_FLIGHT = 2000
+GOAL_P99_MS = 10.0
+
+#: seq, perf_counter_ns at send, phase (-1: warm-up, else round index); padded to 100 bytes.
+_HDR = struct.Struct("<QQi")
+_PAD = bytes(PAYLOAD_BYTES - _HDR.size)
+
+
+async def paced(rate: float, seconds: float, fire: Callable[[], None]) -> dict[str, float]:
+    """Call ``fire()`` ``rate`` times a second for ``seconds`` (open loop; catches up in
+    bursts after a stall). Returns the pacing lag (how late calls were) in ms."""
+    interval = 1e9 / rate
+    clock = time.perf_counter_ns
+    start = clock()
+    total = int(rate * seconds)
+    lags: list[float] = []
+    for i in range(total):
+        due = start + i * interval
+        now = clock()
+        if now < due:
+            await asyncio.sleep((due - now) / 1e9)
+            now = clock()
+        lags.append((now - due) / 1e6)
+        fire()
+    return {"lag_p50_ms": percentile(lags, 50), "lag_p99_ms": percentile(lags, 99)}
+
+
+class E2E:
+    """The producer, consumer and their bookkeeping."""
+
+    def __init__(self, producer: Any, consumer: Any, queue: asyncio.Queue[Any]) -> None:
+        self.producer = producer
+        self.consumer = consumer
+        self.queue = queue
+        self.phase = -1
+        self.seq = 0
+        self.in_flight = 0
+        self.skipped = 0
+        self.send_errors = 0
+        self.failed: dict[int, int] = {}
+        self.closing = False
+        self.unfinished_at_exit = 0
+        self.first_error: str | None = None
+        self.sent: dict[int, int] = {}
+        self.received: dict[int, int] = {}
+        self.e2e: dict[int, list[float]] = {}
+        self.publish: dict[int, list[float]] = {}
+        # One flag per sequence number (bounded: the run sends a fixed number of messages).
+        self.seen = bytearray(
+            int(RATE * (WARMUP + ROUNDS * E2E_SECONDS) + LOW_RATE * LOW_SECONDS) + 1000
+        )
+        self.seen_max = -1
+        self.duplicates = 0
+        self.out_of_order = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._acks: set[asyncio.Task[None]] = set()
+        self._progress = asyncio.Event()
+
+    def fire(self) -> None:
+        if self.in_flight >= MAX_IN_FLIGHT:
+            self.skipped += 1
+            return
+        task = asyncio.create_task(self._send(self.seq, self.phase))
+        self.seq += 1
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, seq: int, phase: int) -> None:
+        self.in_flight += 1
+        self.sent[phase] = self.sent.get(phase, 0) + 1
+        t = time.perf_counter_ns()
+        try:
+            await self.producer.send(_HDR.pack(seq, t, phase) + _PAD)
+        except Exception as exc:
+            self.failed[phase] = self.failed.get(phase, 0) + 1
+            if not self.closing:  # sends cut off by closing the channel are not errors
+                self.send_errors += 1
+                if self.first_error is None:
+                    self.first_error = f"{type(exc).__name__}: {exc}"[:300]
+            return
+        finally:
+            self.in_flight -= 1
+        self.publish.setdefault(phase, []).append((time.perf_counter_ns() - t) / 1e6)
+
+    async def consume(self) -> None:
+        get = self.queue.get
+        clock = time.perf_counter_ns
+        unpack = _HDR.unpack_from
+        while True:
+            msg = await get()
+            now = clock()
+            seq, t, phase = unpack(msg.payload)
+            if self.seen[seq]:
+                self.duplicates += 1  # a redelivery: only first deliveries are measured
+            else:
+                self.seen[seq] = 1
+                if seq < self.seen_max:
+                    # Concurrent sends may reach the broker out of sequence order.
+                    self.out_of_order += 1
+                self.seen_max = max(seq, self.seen_max)
+                self.received[phase] = self.received.get(phase, 0) + 1
+                self.e2e.setdefault(phase, []).append((now - t) / 1e6)
+            task = asyncio.create_task(self.consumer.ack(msg))
+            self._acks.add(task)
+            task.add_done_callback(self._acks.discard)
+            self._progress.set()
+
+    async def drain(self, phase: int, timeout: float) -> bool:
+        """Wait until every message sent in ``phase`` was delivered (or ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while self.received.get(phase, 0) < self.sent.get(phase, 0) or self._tasks:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), min(left, 0.05))
+        while self._acks:
+            await asyncio.sleep(0.01)
+        return True
+
+
+async def unary_round(
+    stub: Any, request: Any, seconds: float
+) -> tuple[list[float], dict[str, float]]:
+    """Raw unary HealthCheck calls started ``RATE`` times a second; their latencies in ms."""
+    out: list[float] = []
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def call() -> None:
+        t = time.perf_counter_ns()
+        await stub.HealthCheck(request)
+        out.append((time.perf_counter_ns() - t) / 1e6)
+
+    def fire() -> None:
+        task = asyncio.create_task(call())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    lag = await paced(RATE, seconds, fire)
+    if tasks:
+        await asyncio.gather(*tasks)
+    return out, lag
+
+
+class Usage:
+    """CPU share of this process and the broker, and the broker's fdatasyncs, over a window."""
+
+    def __init__(self, broker: BrokerChild) -> None:
+        self.broker = broker
+        self.t0 = time.perf_counter()
+        self.cpu0 = time.process_time()
+        self.bcpu0 = proc_cpu(broker.pid)
+        self.f0 = broker.fdatasync_stats()
+
+    def done(self, messages: int) -> dict[str, float]:
+        wall = time.perf_counter() - self.t0
+        f1 = self.broker.fdatasync_stats()
+        syncs = f1[0] - self.f0[0]
+        nan = float("nan")
+        return {
+            "client": (time.process_time() - self.cpu0) / wall,
+            "broker": (proc_cpu(self.broker.pid) - self.bcpu0) / wall,
+            "msgs_per_fdatasync": messages / syncs if syncs else nan,
+            "fdatasync_mean_ms": (f1[1] - self.f0[1]) / syncs * 1e3 if syncs else nan,
+            "fdatasyncs_over_10ms": f1[2] - self.f0[2],
+        }
+
+
+async def bench(broker: BrokerChild, noop_url: str, probe_dir: Path) -> dict[str, Any]:
+    import grpc
+    from danube import DispatchStrategy, SubType
+    from danube.proto import DanubeApi_pb2 as pb
+    from danube.proto import DanubeApi_pb2_grpc as pb_grpc
+
+    client = await open_client(broker.url)
+    producer = (
+        client.new_producer()
+        .with_topic(TOPIC)
+        .with_name("bench-e2e-producer")
+        .with_dispatch_strategy(DispatchStrategy.RELIABLE)
+        .build()
+    )
+    await producer.create()  # creates the reliable topic
+    consumer = (
+        client.new_consumer()
+        .with_topic(TOPIC)
+        .with_consumer_name("bench-e2e-consumer")
+        .with_subscription(SUBSCRIPTION)
+        .with_subscription_type(SubType.EXCLUSIVE)
+        .build()
+    )
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    run = E2E(producer, consumer, queue)
+    consume_task = asyncio.create_task(run.consume())
+
+    producer_id = producer._producers[0].producer_id
+    health_req = pb.HealthCheckRequest(
+        request_id=1, client=pb.HealthCheckRequest.Producer, id=producer_id
+    )
+    base_channel = grpc.aio.insecure_channel(broker.url.removeprefix("http://"))
+    noop_channel = grpc.aio.insecure_channel(noop_url.removeprefix("http://"))
+    base_stub = pb_grpc.HealthCheckStub(base_channel)
+    noop_stub = pb_grpc.HealthCheckStub(noop_channel)
+    await base_stub.HealthCheck(health_req)
+    await noop_stub.HealthCheck(health_req)
+
+    base_lat: list[float] = []
+    noop_lat: list[float] = []
+    disk: list[float] = []
+    lags: list[dict[str, float]] = []
+    usage: list[dict[str, float]] = []
+    drained: list[bool] = []
+    try:
+        run.phase = -1
+        await paced(RATE, WARMUP, run.fire)
+        await run.drain(-1, DRAIN_TIMEOUT)
+        for rnd in range(ROUNDS):
+            run.phase = rnd
+            window = Usage(broker)
+            lag = await paced(RATE, E2E_SECONDS, run.fire)
+            use = window.done(int(RATE * E2E_SECONDS))
+            usage.append(use)
+            lags.append(lag)
+            drained.append(await run.drain(rnd, DRAIN_TIMEOUT))
+            e2e = run.e2e.get(rnd, [])
+            lat, _ = await unary_round(base_stub, health_req, BASE_SECONDS)
+            base_lat += lat
+            nlat, _ = await unary_round(noop_stub, health_req, BASE_SECONDS)
+            noop_lat += nlat
+            probe = disk_probe(probe_dir)
+            disk += probe
+            pub = run.publish.get(rnd, [])
+            say(
+                f"  round {rnd + 1}: e2e p50 {percentile(e2e, 50):.2f} ms p99 "
+                f"{percentile(e2e, 99):.2f} ms max {max(e2e, default=float('nan')):.2f} ms "
+                f"({len(e2e)} msgs); publish p50 {percentile(pub, 50):.2f} p99 "
+                f"{percentile(pub, 99):.2f} ms; pacing lag p99 {lag['lag_p99_ms']:.2f} ms; CPU "
+                f"share client {use['client']:.2f} broker {use['broker']:.2f}; "
+                f"{use['msgs_per_fdatasync']:.1f} msgs/fdatasync, mean "
+                f"{use['fdatasync_mean_ms']:.2f} ms ({use['fdatasyncs_over_10ms']} >= 10 ms)"
+            )
+            say(
+                f"           HealthCheck broker p50 {percentile(lat, 50):.2f} p99 "
+                f"{percentile(lat, 99):.2f} ms, no-op p50 {percentile(nlat, 50):.2f} p99 "
+                f"{percentile(nlat, 99):.2f} ms; disk write+fdatasync p50 "
+                f"{percentile(probe, 50) * 1e3:.2f} p99 {percentile(probe, 99) * 1e3:.2f} ms"
+            )
+        # Diagnostic: the same path at a quarter of the rate (phase ROUNDS), where nothing queues.
+        run.phase = ROUNDS
+        low_window = Usage(broker)
+        await paced(LOW_RATE, LOW_SECONDS, run.fire)
+        low_use = low_window.done(int(LOW_RATE * LOW_SECONDS))
+        await run.drain(ROUNDS, DRAIN_TIMEOUT)
+        low = run.e2e.get(ROUNDS, [])
+        say(
+            f"  {LOW_RATE} msg/s for {LOW_SECONDS}s: e2e p50 {percentile(low, 50):.2f} ms p99 "
+            f"{percentile(low, 99):.2f} ms; CPU share client {low_use['client']:.2f} broker "
+            f"{low_use['broker']:.2f}"
+        )
+    finally:
+        # Sends still in flight (a backlog the broker has not answered yet) are cut off.
+        run.closing = True
+        run.unfinished_at_exit = len(run._tasks)
+        consume_task.cancel()
+        await asyncio.gather(consume_task, return_exceptions=True)
+        await consumer.close()
+        await close_client(client, [producer])
+        await base_channel.close()
+        await noop_channel.close()
+
+    measured = range(ROUNDS)
+    e2e_all = [x for r in measured for x in run.e2e.get(r, [])]
+    pub_all = [x for r in measured for x in run.publish.get(r, [])]
+    sent = sum(run.sent.get(r, 0) for r in measured)
+    received = sum(run.received.get(r, 0) for r in measured)
+    failed = sum(run.failed.get(r, 0) for r in measured)
+    return {
+        "e2e": e2e_all,
+        "publish": pub_all,
+        "base": base_lat,
+        "noop": noop_lat,
+        "rounds_p99": [percentile(run.e2e.get(r, []), 99) for r in measured],
+        "rounds_p50": [percentile(run.e2e.get(r, []), 50) for r in measured],
+        "lag_p99_ms": max(lg["lag_p99_ms"] for lg in lags),
+        "cpu_client": sum(u["client"] for u in usage) / len(usage),
+        "cpu_broker": sum(u["broker"] for u in usage) / len(usage),
+        "msgs_per_fdatasync": [u["msgs_per_fdatasync"] for u in usage],
+        "fdatasync_mean_ms": [u["fdatasync_mean_ms"] for u in usage],
+        "fdatasyncs_over_10ms": sum(u["fdatasyncs_over_10ms"] for u in usage),
+        "disk": disk,
+        "sent": sent,
+        "received": received,
+        "undelivered": sent - failed - received,
+        "unfinished_at_exit": run.unfinished_at_exit,
+        "duplicates": run.duplicates,
+        "out_of_order": run.out_of_order,
+        "skipped": run.skipped,
+        "send_errors": run.send_errors,
+        "first_error": run.first_error,
+        "drained": all(drained),
+        "low": run.e2e.get(ROUNDS, []),
+        "low_publish": run.publish.get(ROUNDS, []),
+        "low_cpu_client": low_use["client"],
+        "low_cpu_broker": low_use["broker"],
+    }
+
+
+def main() -> None:
+    t_start = time.perf_counter()
+    say(
+        f"e2e_latency: danube-client producer -> broker (fsync=always) -> Exclusive consumer, "
+        f"{RATE} msg/s paced, {PAYLOAD_BYTES}-byte payloads, {os.cpu_count()} CPUs"
+    )
+    say(
+        f"  {WARMUP}s warm-up, {ROUNDS} x {E2E_SECONDS}s measured; baseline: raw unary "
+        f"HealthCheck at {RATE}/s, {ROUNDS} x {BASE_SECONDS}s interleaved"
+    )
+    load_start = warn_if_busy("start")
+    from danube_ingest.testing import LocalEtcd
+
+    with bench_dir("e2e") as work, LocalEtcd() as etcd:
+        broker = BrokerChild(work, etcd.endpoint)
+        noop = NoopServerProcess(work)
+        try:
+            broker.start()
+            noop.start()
+            out = asyncio.run(bench(broker, noop.url, work))
+            broker_rss = proc_rss_mib(broker.pid)
+        finally:
+            noop.stop()
+            broker.stop()
+
+    e2e, pub, base, noop_lat = out["e2e"], out["publish"], out["base"], out["noop"]
+    p99 = percentile(e2e, 99)
+    base_p99 = percentile(base, 99)
+    main_ratio = ratio(p99, base_p99)
+    say(
+        f"e2e ({len(e2e)} msgs): p50 {percentile(e2e, 50):.2f} ms, p99 {p99:.2f} ms (goal <= "
+        f"{GOAL_P99_MS} ms), p99.9 {percentile(e2e, 99.9):.2f} ms, max {max(e2e):.2f} ms"
+    )
+    say(
+        f"  publish (send -> response): p50 {percentile(pub, 50):.2f} ms, p99 "
+        f"{percentile(pub, 99):.2f} ms; undelivered {out['undelivered']}, duplicates "
+        f"{out['duplicates']}, skipped sends {out['skipped']}, send errors "
+        f"{out['send_errors']}, sends unanswered at exit {out['unfinished_at_exit']}"
+        + (f" (first: {out['first_error']})" if out["first_error"] else "")
+    )
+    say(
+        f"baseline HealthCheck on the broker ({len(base)} calls): p50 {percentile(base, 50):.2f} "
+        f"ms, p99 {base_p99:.2f} ms; no-op server p50 {percentile(noop_lat, 50):.2f} ms, p99 "
+        f"{percentile(noop_lat, 99):.2f} ms -> ratio e2e p99 / baseline p99 {main_ratio:.2f}"
+    )
+    result: dict[str, Any] = {
+        "benchmark": "e2e_latency",
+        "value": p99,
+        "unit": "ms",
+        "baseline": base_p99,
+        "ratio": main_ratio,
+        "ratio_meaning": "e2e p99 / baseline p99, lower is better (publish -> delivery latency "
+        "p99 through danube-client and the broker at 1,000 msg/s, fsync always, vs the p99 of a "
+        "raw unary HealthCheck call on the broker at the same rate)",
+        "goal_p99_ms": GOAL_P99_MS,
+        "goal_met": p99 <= GOAL_P99_MS,
+        "rate_msg_s": RATE,
+        "payload_bytes": PAYLOAD_BYTES,
+        "fsync": "always",
+        "subscription": "Exclusive",
+        "e2e_p50_ms": percentile(e2e, 50),
+        "e2e_p99_ms": p99,
+        "e2e_p999_ms": percentile(e2e, 99.9),
+        "e2e_max_ms": max(e2e),
+        "e2e_samples": len(e2e),
+        "e2e_rounds_p50_ms": out["rounds_p50"],
+        "e2e_rounds_p99_ms": out["rounds_p99"],
+        "publish_p50_ms": percentile(pub, 50),
+        "publish_p99_ms": percentile(pub, 99),
+        "baseline_p50_ms": percentile(base, 50),
+        "baseline_samples": len(base),
+        "noop_health_p50_ms": percentile(noop_lat, 50),
+        "noop_health_p99_ms": percentile(noop_lat, 99),
+        "pacing_lag_p99_ms": out["lag_p99_ms"],
+        "cpu_us_per_msg_client": out["cpu_client"] * 1e6 / RATE,
+        "cpu_us_per_msg_broker": out["cpu_broker"] * 1e6 / RATE,
+        "low_rate_msg_s": LOW_RATE,
+        "low_rate_p50_ms": percentile(out["low"], 50),
+        "low_rate_p99_ms": percentile(out["low"], 99),
+        "low_rate_publish_p50_ms": percentile(out["low_publish"], 50),
+        "low_rate_publish_p99_ms": percentile(out["low_publish"], 99),
+        "low_rate_cpu_us_per_msg_broker": out["low_cpu_broker"] * 1e6 / LOW_RATE,
+        "low_rate_cpu_us_per_msg_client": out["low_cpu_client"] * 1e6 / LOW_RATE,
+        "broker_msgs_per_fdatasync": out["msgs_per_fdatasync"],
+        "broker_fdatasync_mean_ms": out["fdatasync_mean_ms"],
+        "broker_fdatasyncs_over_10ms": out["fdatasyncs_over_10ms"],
+        "disk_fdatasync_p50_ms": percentile(out["disk"], 50) * 1e3,
+        "disk_fdatasync_p99_ms": percentile(out["disk"], 99) * 1e3,
+        "client_cpu_share": out["cpu_client"],
+        "broker_cpu_share": out["cpu_broker"],
+        "sent": out["sent"],
+        "undelivered": out["undelivered"],
+        "unfinished_at_exit": out["unfinished_at_exit"],
+        "duplicates": out["duplicates"],
+        "out_of_order": out["out_of_order"],
+        "skipped_sends": out["skipped"],
+        "send_errors": out["send_errors"],
+        "first_send_error": out["first_error"],
+        "drained": out["drained"],
+        "broker_max_rss_mib": broker_rss,
+        "elapsed_s": time.perf_counter() - t_start,
+        "load_start": load_start,
+        "load_end": warn_if_busy("end"),
+        **machine(),
+    }
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()
