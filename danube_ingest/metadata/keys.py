@@ -23,6 +23,7 @@ without ``/``, whitespace or control characters, so every key parses back unambi
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 from danube_ingest.metadata.errors import InvalidNameError
 
@@ -126,6 +127,16 @@ class Keys:
     def clients_next_id(self) -> str:
         """The next client id to hand out."""
         return f"{self.clients_prefix()}next_id"
+
+    def client_name(self, topic: str, name: str, subscription: str | None = None) -> str:
+        """Index from a producer name (or a subscription's consumer name) to its client id, so
+        a re-registering client is found without scanning every registration. Names are
+        percent-quoted: clients may use any characters."""
+        path = self._topic_path(topic)
+        quoted = quote(name, safe="")
+        if subscription is None:
+            return f"{self.prefix}/client-names/{path}/producer/{quoted}"
+        return f"{self.prefix}/client-names/{path}/consumer/{quote(subscription, safe='')}/{quoted}"
 
     # schemas, storage, WAL marks, tables
 

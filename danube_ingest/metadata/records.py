@@ -271,8 +271,28 @@ class Records:
         raise MetadataError(f"client id allocation lost {_ALLOCATE_ATTEMPTS} races in a row")
 
     async def put_client(self, record: ClientRecord) -> None:
-        """Store (create or replace) a client registration."""
-        await self.kv.put(self.keys.client(record.client_id), record.encode())
+        """Store (create or replace) a client registration and its name index, atomically."""
+        await self.kv.txn(
+            [],
+            [
+                Put(self.keys.client(record.client_id), record.encode()),
+                Put(self._name_key(record), str(record.client_id).encode()),
+            ],
+        )
+
+    def _name_key(self, record: ClientRecord) -> str:
+        sub = record.subscription if record.kind == "consumer" else None
+        return self.keys.client_name(record.topic, record.name, sub)
+
+    async def _by_name(self, key: str) -> ClientRecord | None:
+        stored = await self.kv.get(key)
+        if stored is None:
+            return None
+        try:
+            client_id = int(stored.value)
+        except ValueError as exc:
+            raise MetadataError(f"malformed client index at {key}: {stored.value!r}") from exc
+        return await self.get_client(client_id)
 
     async def get_client(self, client_id: int) -> ClientRecord | None:
         """A client registration, ``None`` if there is none."""
@@ -281,8 +301,17 @@ class Records:
         return None if stored is None else ClientRecord.decode(stored.value, key)
 
     async def delete_client(self, client_id: int) -> bool:
-        """Delete a client registration; returns whether it existed."""
-        return await self.kv.delete(self.keys.client(client_id)) > 0
+        """Delete a client registration (and its name index); returns whether it existed."""
+        record = await self.get_client(client_id)
+        if record is None:
+            return False
+        key = self._name_key(record)
+        await self.kv.txn(
+            [Compare.value_is(key, str(client_id).encode())],
+            [Delete(self.keys.client(client_id)), Delete(key)],
+            [Delete(self.keys.client(client_id))],
+        )
+        return True
 
     async def list_clients(self) -> list[ClientRecord]:
         """Every client registration."""
@@ -294,20 +323,15 @@ class Records:
         ]
 
     async def find_producer(self, topic: str, name: str) -> ClientRecord | None:
-        """The registration of the producer ``name`` on ``topic``, if any (scans clients)."""
-        for record in await self.list_clients():
-            if record.kind == "producer" and record.topic == topic and record.name == name:
-                return record
-        return None
+        """The registration of the producer ``name`` on ``topic``, if any (two reads)."""
+        record = await self._by_name(self.keys.client_name(topic, name))
+        if record is None or record.kind != "producer" or record.topic != topic:
+            return None
+        return record if record.name == name else None
 
     async def find_consumer(self, topic: str, subscription: str, name: str) -> ClientRecord | None:
         """The registration of consumer ``name`` of ``subscription`` on ``topic``, if any."""
-        for record in await self.list_clients():
-            if (
-                record.kind == "consumer"
-                and record.topic == topic
-                and record.subscription == subscription
-                and record.name == name
-            ):
-                return record
-        return None
+        record = await self._by_name(self.keys.client_name(topic, name, subscription))
+        if record is None or record.kind != "consumer" or record.topic != topic:
+            return None
+        return record if (record.subscription, record.name) == (subscription, name) else None

@@ -120,3 +120,32 @@ async def test_clients_put_get_find_delete(records: Records) -> None:
     assert await records.delete_client(consumer.client_id)
     assert not await records.delete_client(consumer.client_id)
     assert await records.find_consumer("/ns/t", "sub", "c1") is None
+
+
+async def test_clients_are_found_by_name_through_the_index(records: Records) -> None:
+    producer = ClientRecord(
+        client_id=await records.allocate_client_id(),
+        kind="producer",
+        topic="/shop/orders",
+        name="odd name/with slash",
+    )
+    consumer = ClientRecord(
+        client_id=await records.allocate_client_id(),
+        kind="consumer",
+        topic="/shop/orders",
+        name="odd name/with slash",
+        subscription="sub/1",
+        sub_type="Shared",
+    )
+    await records.put_client(producer)
+    await records.put_client(consumer)
+
+    assert await records.find_producer("/shop/orders", "odd name/with slash") == producer
+    assert await records.find_consumer("/shop/orders", "sub/1", "odd name/with slash") == consumer
+    assert await records.find_producer("/shop/orders", "odd name") is None
+    assert await records.find_consumer("/shop/orders", "sub", "odd name/with slash") is None
+    assert await records.find_producer("/shop/other", "odd name/with slash") is None
+
+    assert await records.delete_client(producer.client_id)
+    assert await records.find_producer("/shop/orders", "odd name/with slash") is None
+    assert await records.find_consumer("/shop/orders", "sub/1", "odd name/with slash") == consumer
