@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 import time
 from typing import Any
@@ -158,6 +159,9 @@ async def _run_consume(args: argparse.Namespace) -> None:
 
 
 def _run(coro: Any) -> int:
+    # danube-client logs a warning on every failed stream reopen, and it reopens at once:
+    # while a broker is down that is thousands of lines a second.
+    logging.getLogger("danube").setLevel(logging.ERROR)
     try:
         asyncio.run(coro)
     except KeyboardInterrupt:
