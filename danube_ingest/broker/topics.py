@@ -465,7 +465,13 @@ class TopicManager:
 
     async def _dead_letter(self, topic: str, entry: Entry, attributes: dict[str, str]) -> None:
         dlq = self._policy.dead_letter_topic_for(topic)
-        await self._load(dlq, create_reliable=True)
+        runtime = await self._load(dlq, create_reliable=True)
+        if not runtime.reliable:
+            # Retried by the subscription (every redelivery_max) until an operator fixes it.
+            raise StrategyMismatchError(
+                f"dead-letter topic {dlq} of {topic} exists as a non-reliable topic; dead "
+                f"letters need a reliable topic (delete it, or change dispatch.dead_letter_topic)"
+            )
         attrs = dict(entry.attributes or {})
         attrs.update(attributes)
         copy = Entry(
