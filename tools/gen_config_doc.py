@@ -24,7 +24,7 @@ or a string such as `500ms`, `10s`, `5m`. Unknown keys and invalid values are re
 `ConfigError` naming the dotted key. A complete example with every default:
 [`config/danube_broker.yml`](../config/danube_broker.yml).
 
-This page is generated from the models in `danube_ingest/config.py` by
+This page is generated from the models in `danube_ingest/config/models.py` by
 `tools/gen_config_doc.py`.
 
 | key | default | meaning |
