@@ -160,6 +160,7 @@ class Broker:
             schemas=schemas,
             limits=config.limits,
             policy=dispatch_policy(config),
+            consumer_idle_seconds=float(config.dispatch.consumer_idle_seconds),
         )
         add_services(server, self.manager)
         schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), server)

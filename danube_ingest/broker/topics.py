@@ -112,6 +112,7 @@ class TopicManager:
         schemas: SchemaRegistry,
         limits: LimitsConfig,
         policy: DispatchPolicy,
+        consumer_idle_seconds: float = 30.0,
     ) -> None:
         self.broker_id = broker_id
         self.broker_url = broker_url
@@ -130,6 +131,10 @@ class TopicManager:
         self._consumers: dict[int, ClientRecord] = {}
         self._handles: dict[int, ConsumerHandle] = {}
         self._streaming: set[int] = set()
+        #: consumer id -> when it last subscribed or health-checked (monotonic)
+        self._seen: dict[int, float] = {}
+        self._consumer_idle = consumer_idle_seconds
+        self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
         self._background: set[asyncio.Task[None]] = set()
         ownership.on_lost(self._on_ownership_lost)
@@ -414,7 +419,25 @@ class TopicManager:
         if previous is not None and previous is not handle:
             previous.close()
         self._handles[client_id] = handle
+        self._seen[client_id] = time.monotonic()
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_idle())
         return client_id
+
+    async def _sweep_idle(self) -> None:
+        """Detach consumers that subscribed but neither stream nor health-check (their process
+        is gone): they would otherwise hold an Exclusive subscription, or a Failover's active
+        place, and time their messages out forever. A consumer that comes back re-attaches."""
+        interval = max(self._consumer_idle / 3, 0.05)
+        while not self._closed:
+            await asyncio.sleep(interval)
+            horizon = time.monotonic() - self._consumer_idle
+            for cid, handle in list(self._handles.items()):
+                if cid in self._streaming or self._seen.get(cid, 0.0) >= horizon:
+                    continue
+                log.info("detaching idle consumer consumer_id=%d", cid)
+                del self._handles[cid]
+                handle.close()
 
     async def _subscription(
         self, runtime: TopicRuntime, record: SubscriptionRecord
@@ -564,6 +587,7 @@ class TopicManager:
             if runtime is not None:
                 runtime.producers[client_id] = time.monotonic()
             return True
+        self._seen[client_id] = time.monotonic()
         return runtime is not None
 
     def end_streams(self) -> None:
@@ -578,6 +602,8 @@ class TopicManager:
         if self._closed:
             return
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for runtime in list(self._topics.values()):
             await self._unload(runtime)
         if self._background:

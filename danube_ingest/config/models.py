@@ -467,6 +467,15 @@ class DispatchConfig(_Section):
             "'dead_letter' republishes it to dead_letter_topic with x-original-* attributes."
         ),
     )
+    consumer_idle_seconds: _Seconds = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "A consumer that subscribed but has neither a message stream open nor health-checked "
+            "(every 5 s) for this long is detached: it no longer holds an Exclusive "
+            "subscription or a Failover's active place. It re-attaches when it comes back."
+        ),
+    )
     dead_letter_topic: str = Field(
         default="{topic}-dlq",
         description="Dead-letter topic name; '{topic}' is replaced by the source topic's name.",

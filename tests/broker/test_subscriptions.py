@@ -16,6 +16,7 @@ from danube.proto import DanubeApi_pb2 as pb
 
 from danube_ingest.broker.server import Broker
 
+from .conftest import BrokerFactory
 from .support import (
     RECEIVE_TIMEOUT,
     Clients,
@@ -26,6 +27,7 @@ from .support import (
     payloads,
     producer_request,
     raw_stubs,
+    rpc_error,
 )
 
 
@@ -338,3 +340,42 @@ async def test_key_shared_consumer_resubscribing_with_new_filters_keeps_them(
                 pb.AckRequest(request_id=1, msg_id=got.msg_id, subscription_name="s")
             )
             stream.cancel()
+
+
+async def test_idle_consumer_stops_holding_an_exclusive_subscription(
+    make_broker: BrokerFactory,
+) -> None:
+    # A consumer that subscribed, then vanished without ever streaming or health-checking
+    # (its process died), must not hold the subscription until the broker restarts.
+    broker = await make_broker(**{"dispatch.consumer_idle_seconds": 0.6})
+    topic = "/default/idle"
+    async with raw_stubs(broker.url) as raw:
+        await raw.producers.CreateProducer(producer_request(topic))
+        first = await raw.consumers.Subscribe(consumer_request(topic, "s", "gone"))
+        refused = await rpc_error(raw.consumers.Subscribe(consumer_request(topic, "s", "next")))
+        assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+
+        # A consumer that keeps health-checking stays attached past the idle time.
+        for _ in range(4):
+            await asyncio.sleep(0.3)
+            health = await raw.health.HealthCheck(
+                pb.HealthCheckRequest(
+                    request_id=1, client=pb.HealthCheckRequest.Consumer, id=first.consumer_id
+                )
+            )
+            assert health.status == pb.HealthCheckResponse.OK
+        refused = await rpc_error(raw.consumers.Subscribe(consumer_request(topic, "s", "next")))
+        assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+
+        # Once it stops, it is detached and the subscription is free.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while True:
+            try:
+                second = await raw.consumers.Subscribe(consumer_request(topic, "s", "next"))
+                break
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert loop.time() < deadline, "the idle consumer was never detached"
+                await asyncio.sleep(0.1)
+        assert second.consumer_id != first.consumer_id
