@@ -15,7 +15,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,9 +154,10 @@ class TopicStore:
     def cache(self) -> WALCache:
         return self._cache
 
-    def set_sealed_callback(self, callback: object) -> None:
+    def set_sealed_callback(self, callback: Callable[[Sealed], None]) -> None:
+        """Have every region announce each segment it seals (for the uploader)."""
         for region in self._regions:
-            region.on_sealed = callback  # type: ignore[assignment]
+            region.on_sealed = callback
 
     # -- writing ---------------------------------------------------------------------------
 

@@ -63,9 +63,8 @@ FORMAT_VERSION = 1
 #: happens to pass the header CRC; also the largest batch a single append call may produce.
 MAX_FRAME_BODY = 256 * 1024 * 1024
 
-#: Bodies up to this size are joined into one buffer: a copy of at most 1 MiB costs less than
-#: one CRC call per part. Beyond it, parts of at least _LARGE_PAYLOAD bytes are not copied.
-_JOIN_LIMIT = 1024 * 1024
+#: Parts (payloads) of at least this many bytes stay separate buffers instead of being copied
+#: into the frame body; smaller ones are cheaper to copy than to CRC and write one by one.
 _LARGE_PAYLOAD = 64 * 1024
 
 
@@ -170,16 +169,6 @@ class Entry:
             f"producer_name={self.producer_name!r}, payload={self.payload[:32]!r})"
         )
 
-    def encoded_size(self) -> int:
-        """Bytes this entry occupies inside a MESSAGES body (used for cache accounting)."""
-        size = _ENTRY.size + len(self.payload) + len(self.producer_name)
-        if self.routing_key:
-            size += len(self.routing_key)
-        if self.attributes:
-            for key, value in self.attributes.items():
-                size += _ATTR.size + len(key) + len(value)
-        return size
-
 
 class FrameInfo(NamedTuple):
     """A decoded frame: where it starts, what it is, and its body."""
@@ -202,23 +191,27 @@ class BatchHeader(NamedTuple):
     last_ingest_ms: int
 
 
+def _frame(kind: int, pieces: list[bytes | bytearray]) -> list[bytes]:
+    """Prefix ``pieces`` (the body, in order) with the frame header; CRC'd in place, no copy."""
+    total = 0
+    crc = 0
+    for piece in pieces:
+        total += len(piece)
+    if total > MAX_FRAME_BODY:
+        raise CorruptFrameError(f"frame body of {total} bytes exceeds {MAX_FRAME_BODY}")
+    for piece in pieces:
+        crc = crc32c(piece, crc)
+    head = _PREFIX_HEAD.pack(total, kind, FORMAT_VERSION, 0, crc)
+    return [head + crc32c(head).to_bytes(4, "little"), *pieces]  # type: ignore[list-item]
+
+
 def frame_pieces(kind: int, body_parts: Sequence[bytes]) -> list[bytes]:
     """Frame a body given as parts; returns buffers whose concatenation is the frame.
 
-    Bodies up to ``_JOIN_LIMIT`` are joined into one buffer (one copy, one CRC call). Larger
-    bodies keep their large parts (payloads) as they are and CRC them incrementally, so a large
-    payload is never copied here; runs of small parts between them are joined.
+    Parts of at least ``_LARGE_PAYLOAD`` bytes are kept as they are (a large payload is never
+    copied here); runs of smaller parts between them are joined, so a small body is one buffer.
     """
-    total = 0
-    for part in body_parts:
-        total += len(part)
-    if total > MAX_FRAME_BODY:
-        raise CorruptFrameError(f"frame body of {total} bytes exceeds {MAX_FRAME_BODY}")
-    if total <= _JOIN_LIMIT:
-        body = b"".join(body_parts)
-        head = _PREFIX_HEAD.pack(total, kind, FORMAT_VERSION, 0, crc32c(body))
-        return [head + crc32c(head).to_bytes(4, "little"), body]
-    pieces: list[bytes] = []
+    pieces: list[bytes | bytearray] = []
     run: list[bytes] = []
     for part in body_parts:
         if len(part) < _LARGE_PAYLOAD:
@@ -228,13 +221,9 @@ def frame_pieces(kind: int, body_parts: Sequence[bytes]) -> list[bytes]:
             pieces.append(b"".join(run))
             run = []
         pieces.append(part)
-    if run:
+    if run or not pieces:
         pieces.append(b"".join(run))
-    crc = 0
-    for piece in pieces:
-        crc = crc32c(piece, crc)
-    head = _PREFIX_HEAD.pack(total, kind, FORMAT_VERSION, 0, crc)
-    return [head + crc32c(head).to_bytes(4, "little"), *pieces]
+    return _frame(kind, pieces)
 
 
 def encode_frame(kind: int, body: bytes) -> bytes:
@@ -323,15 +312,7 @@ def messages_frame(topic_id: int, base_offset: int, entries: Sequence[Entry]) ->
     _BATCH.pack_into(
         first, 0, topic_id, base_offset, len(entries), entries[0].ingest_ms, entries[-1].ingest_ms
     )
-    total = 0
-    crc = 0
-    for piece in pieces:
-        total += len(piece)
-        crc = crc32c(piece, crc)
-    if total > MAX_FRAME_BODY:
-        raise CorruptFrameError(f"frame body of {total} bytes exceeds {MAX_FRAME_BODY}")
-    head = _PREFIX_HEAD.pack(total, Kind.MESSAGES, FORMAT_VERSION, 0, crc)
-    return [head + crc32c(head).to_bytes(4, "little"), *pieces]  # type: ignore[list-item]
+    return _frame(Kind.MESSAGES, pieces)
 
 
 def topic_frame(topic_id: int, name: str) -> bytes:
