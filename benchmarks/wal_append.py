@@ -139,27 +139,31 @@ def _framed_batch() -> bytes:
     return bytes(buf)
 
 
-def raw_disk(path: Path, seconds: float) -> float:
-    """The ceiling: the baseline's pre-framed batch, write + fdatasync only (msg/s)."""
-    data = _framed_batch()
+def _write_sync_rate(path: Path, data: bytes, warmup: int, seconds: float) -> float:
+    """Writes per second of ``data`` (os.write + os.fdatasync each) after ``warmup`` of them."""
     fd = _open_new(path)
-    batches = 0
+    n = 0
     start = 0.0
     deadline = float("inf")
     try:
         while True:
             os.write(fd, data)
             os.fdatasync(fd)
-            batches += 1
-            if batches == SYNC_WARMUP_BATCHES:
+            n += 1
+            if n == warmup:
                 start = time.perf_counter()
                 deadline = start + seconds
-            elif batches > SYNC_WARMUP_BATCHES and time.perf_counter() >= deadline:
+            elif n > warmup and time.perf_counter() >= deadline:
                 break
         elapsed = time.perf_counter() - start
     finally:
         os.close(fd)
-    return (batches - SYNC_WARMUP_BATCHES) * BATCH / elapsed
+    return (n - warmup) / elapsed
+
+
+def raw_disk(path: Path, seconds: float) -> float:
+    """The ceiling: the baseline's pre-framed batch, write + fdatasync only (msg/s)."""
+    return _write_sync_rate(path, _framed_batch(), SYNC_WARMUP_BATCHES, seconds) * BATCH
 
 
 def raw_sync_latencies(path: Path, count: int) -> list[float]:
@@ -181,25 +185,7 @@ def raw_sync_latencies(path: Path, count: int) -> list[float]:
 
 def raw_big(path: Path, seconds: float) -> float:
     """MiB/s of 1 MiB os.write + fdatasync, growing one file."""
-    fd = _open_new(path)
-    n = 0
-    start = 0.0
-    deadline = float("inf")
-    warm = 4
-    try:
-        while True:
-            os.write(fd, BIG)
-            os.fdatasync(fd)
-            n += 1
-            if n == warm:
-                start = time.perf_counter()
-                deadline = start + seconds
-            elif n > warm and time.perf_counter() >= deadline:
-                break
-        elapsed = time.perf_counter() - start
-    finally:
-        os.close(fd)
-    return (n - warm) / elapsed
+    return _write_sync_rate(path, BIG, 4, seconds)
 
 
 # -- TopicStore measurements -----------------------------------------------------------------
