@@ -18,7 +18,10 @@ never the message text.
           ├── WalFailedError           a write or fsync failed; the log refuses further appends
           ├── WalBackpressureError     the WAL is full (retention limit); retriable
           ├── OffsetOutOfRangeError    a reader asked for an offset that is no longer retained
-          └── PayloadTooLargeError     an entry larger than the configured maximum
+          ├── PayloadTooLargeError     an entry larger than the configured maximum
+          ├── ObjectFormatError        bytes that are not a valid .bin object (names key + position)
+          └── ObjectStoreError         the object store failed; ``retriable`` says whether to retry
+               └── ObjectNotFoundError  no object under that key
 """
 
 from __future__ import annotations
@@ -107,3 +110,33 @@ class OffsetOutOfRangeError(StorageError):
 
 class PayloadTooLargeError(StorageError):
     """An entry exceeds the configured maximum size; nothing was stored."""
+
+
+class ObjectFormatError(StorageError):
+    """Bytes read from the object store are not a valid ``.bin`` object (corrupt, truncated, or
+    of an unknown version). Names the object key and the byte position when known."""
+
+    def __init__(self, key: str, position: int | None, reason: str) -> None:
+        where = f"{key}" if position is None else f"{key} at byte {position}"
+        super().__init__(f"invalid object {where}: {reason}")
+        self.key = key
+        self.position = position
+        self.reason = reason
+
+
+class ObjectStoreError(StorageError):
+    """An object store operation failed. ``retriable`` is True for transient failures
+    (unreachable endpoint, timeouts, throttling, 5xx) and False for fatal ones (permission
+    denied, missing bucket, invalid configuration)."""
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+class ObjectNotFoundError(ObjectStoreError):
+    """No object exists under the key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"object {key} not found", retriable=False)
+        self.key = key
