@@ -7,6 +7,7 @@ Dagster code location all start the same things the same way.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import signal
 import socket
@@ -14,11 +15,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+import yaml
 
 from danube_ingest.broker.server import Broker
 from danube_ingest.config import BrokerConfig, load_config
@@ -174,7 +179,12 @@ async def running_broker(config: BrokerConfig) -> AsyncIterator[Broker]:
 
 
 class BrokerProcess:
-    """A broker in a child process (``danube-ingest broker``), for kill/restart tests."""
+    """A broker in a child process (``danube-ingest broker``), for kill/restart tests.
+
+    Its config file has ``storage.mode: local_only`` and small segments (1 MiB or 2 s);
+    ``storage`` is merged into that section, nested dicts key by key, e.g.
+    ``{"mode": "wal_cloud", "cloud": {"backend": "fs", "root": "/shared/objects"}}``.
+    """
 
     def __init__(
         self,
@@ -186,6 +196,7 @@ class BrokerProcess:
         prefix: str = "/danube",
         extra_args: tuple[str, ...] = (),
         lease_ttl: int = 2,
+        storage: dict[str, Any] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.etcd_endpoint = etcd_endpoint
@@ -194,6 +205,7 @@ class BrokerProcess:
         self.prefix = prefix
         self.extra_args = extra_args
         self.lease_ttl = lease_ttl
+        self.storage = storage
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir / f"{broker_id}.log"
 
@@ -205,16 +217,15 @@ class BrokerProcess:
         """Start the broker and wait until it serves (its ready line is in the log)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self.data_dir / f"{self.broker_id}.yml"
-        config.write_text(
-            "etcd:\n"
-            f"  prefix: {self.prefix}\n"
-            f"  lease_ttl_seconds: {self.lease_ttl}\n"
-            "storage:\n"
-            "  mode: local_only\n"
-            "  wal:\n"
-            "    segment_bytes: 1MiB\n"
-            "    segment_seconds: 2\n"
-        )
+        storage: dict[str, Any] = {
+            "mode": "local_only",
+            "wal": {"segment_bytes": "1MiB", "segment_seconds": 2},
+        }
+        values = {
+            "etcd": {"prefix": self.prefix, "lease_ttl_seconds": self.lease_ttl},
+            "storage": self._merged(storage, self.storage or {}),
+        }
+        config.write_text(yaml.safe_dump(values, sort_keys=False))
         command = [
             sys.executable,
             "-m",
@@ -271,3 +282,184 @@ class BrokerProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    @staticmethod
+    def _merged(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+        """``base`` updated with ``update``, nested dicts merged key by key (neither changes)."""
+        merged = dict(base)
+        for key, value in update.items():
+            current = merged.get(key)
+            if isinstance(current, dict) and isinstance(value, dict):
+                merged[key] = BrokerProcess._merged(current, value)
+            else:
+                merged[key] = value
+        return merged
+
+
+#: An opener that ignores HTTP(S)_PROXY: the servers started here are on loopback.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def find_moto_server() -> Path:
+    """The ``moto_server`` script of this interpreter's environment (else the one on PATH)."""
+    beside = Path(sys.executable).parent / "moto_server"
+    if beside.is_file():
+        return beside
+    on_path = shutil.which("moto_server")
+    if on_path is None:
+        raise RuntimeError("moto_server not found: pip install 'moto[server]'")
+    return Path(on_path)
+
+
+class MotoServer:
+    """A moto S3 server (``moto_server``) in a child process on a free loopback port.
+
+    A separate process, not moto's in-process mock: opendal's blocking calls deadlocked against
+    a server sharing the interpreter. Use as a context manager or ``start``/``stop``.
+    ``create_bucket`` makes buckets on demand; ``options`` are the opendal s3 options that reach
+    the server. With ``auth=True`` moto checks signatures against its IAM users, so the test keys
+    are rejected (403 ``InvalidAccessKeyId``): a server for permission-error tests. ``port``
+    pins the port (e.g. to bring back an endpoint a store already points at); by default a free
+    one is picked, and another one if it was taken meanwhile.
+    """
+
+    region = "us-east-1"
+    access_key_id = "danube-test-key"
+    secret_access_key = "danube-test-secret"
+
+    def __init__(
+        self, *, port: int | None = None, auth: bool = False, host: str = "127.0.0.1"
+    ) -> None:
+        self.auth = auth
+        self.host = host
+        self.port = port or 0
+        self._fixed_port = port is not None
+        self.process: subprocess.Popen[bytes] | None = None
+        self._temp_dir: Path | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """The server's URL, e.g. ``http://127.0.0.1:40123`` (known before ``start`` only when
+        the port was given)."""
+        if not self.port:
+            raise RuntimeError("MotoServer is not started")
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        """Where the server's stdout and stderr go (deleted by ``stop``)."""
+        if self._temp_dir is None:
+            raise RuntimeError("MotoServer is not started")
+        return self._temp_dir / "moto.log"
+
+    def start(self, timeout: float = 15.0) -> None:
+        """Start the server and block until it answers HTTP."""
+        if self.process is not None:
+            raise RuntimeError(f"MotoServer already running at {self.endpoint}")
+        env = dict(os.environ)
+        if self.auth:
+            # moto enforces IAM once this many requests have been served: here, from the first.
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
+        command = [str(find_moto_server()), "-H", self.host, "-p"]
+        self._temp_dir = Path(tempfile.mkdtemp(prefix="danube-moto-"))
+        attempts = 1 if self._fixed_port else _START_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            if not self._fixed_port:
+                self.port = free_port(self.host)
+            with self.log_path.open("ab") as log_file:
+                self.process = subprocess.Popen(
+                    [*command, str(self.port)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            try:
+                self._wait_ready(timeout)
+            except RuntimeError:
+                self._kill()
+                if attempt == attempts:
+                    self._remove_temp_dir()
+                    raise
+                continue
+            return
+
+    def stop(self) -> None:
+        """Kill the server and delete its log. Idempotent."""
+        self._kill()
+        self._remove_temp_dir()
+
+    def create_bucket(self, name: str) -> str:
+        """Create bucket ``name`` (no error if it exists already) and return the name."""
+        request = urllib.request.Request(f"{self.endpoint}/{name}", method="PUT")
+        with _NO_PROXY.open(request, timeout=10) as response:
+            response.read()
+        return name
+
+    def options(self, bucket: str, root: str = "") -> dict[str, str]:
+        """opendal ``s3`` options for ``bucket`` on this server (root: a path in the bucket)."""
+        options = {
+            "bucket": bucket,
+            "endpoint": self.endpoint,
+            "region": self.region,
+            "access_key_id": self.access_key_id,
+            "secret_access_key": self.secret_access_key,
+            "disable_config_load": "true",
+            "disable_ec2_metadata": "true",
+        }
+        if root:
+            options["root"] = root
+        return options
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"moto_server exited ({self.process.returncode}):\n{self._log_tail()}"
+                )
+            try:
+                with _NO_PROXY.open(f"{self.endpoint}/moto-api/", timeout=0.5):
+                    return
+            except urllib.error.HTTPError:
+                return  # it answers; the status does not matter
+            except OSError:
+                pass  # not listening yet
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"moto_server not answering after {timeout}s:\n{self._log_tail()}"
+                )
+            time.sleep(0.02)
+
+    def _kill(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+    def log_text(self) -> str:
+        """What the server logged so far: one line per request served."""
+        if self._temp_dir is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")
+
+    def _log_tail(self) -> str:
+        return self.log_text()[-3000:]
+
+    def _remove_temp_dir(self) -> None:
+        if self._temp_dir is not None:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+            self._temp_dir = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

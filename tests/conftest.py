@@ -5,6 +5,8 @@
 * ``etcd_kv``: an ``EtcdKV`` connected to it, closed after the test.
 * ``kv``: the same test twice, on ``MemoryKV`` and on ``EtcdKV`` (contract tests).
 * ``keys``: ``Keys`` on a fresh random prefix, so tests sharing the server never collide.
+* ``s3_server`` (session): a ``MotoServer`` (moto S3 in a child process). Every test that uses
+  it is marked ``s3`` automatically.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from danube_ingest.metadata import KV, EtcdKV, Keys, MemoryKV
-from danube_ingest.testing import LocalEtcd
+from danube_ingest.testing import LocalEtcd, MotoServer
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "etcd_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.etcd)
+        if "s3_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.s3)
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +55,9 @@ async def kv(request: pytest.FixtureRequest) -> AsyncIterator[KV]:
 @pytest.fixture
 def keys() -> Keys:
     return Keys(prefix=f"/test-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[MotoServer]:
+    with MotoServer() as server:
+        yield server
