@@ -1,4 +1,5 @@
-"""Metadata in etcd: the KV contract, broker sessions, topic ownership, progress, records.
+"""Metadata in etcd: the KV contract, broker sessions, topic ownership, progress, records,
+the object manifest and WAL prune marks.
 
 Everything a broker keeps in etcd goes through here; see ``keys.py`` for the key layout.
 ``metadata`` never imports ``broker``, ``dispatch`` or ``store``.
@@ -31,8 +32,17 @@ from danube_ingest.metadata.kv import (
     WatchEvent,
     WatchStream,
 )
+from danube_ingest.metadata.manifest import (
+    CommitResult,
+    InvalidRangeError,
+    Manifest,
+    ManifestConflictError,
+    ObjectKind,
+    ObjectRange,
+)
+from danube_ingest.metadata.marks import PruneMarks, subscription_cursors
 from danube_ingest.metadata.offsets import OffsetReservation
-from danube_ingest.metadata.ownership import Owner, Ownership
+from danube_ingest.metadata.ownership import FencedManyResult, Owner, Ownership
 from danube_ingest.metadata.progress import ProgressUpdater
 from danube_ingest.metadata.records import (
     ClientRecord,
@@ -50,6 +60,7 @@ __all__ = [
     "BrokerIdConflictError",
     "BrokerSession",
     "ClientRecord",
+    "CommitResult",
     "CommitStateUnknownError",
     "Compare",
     "Delete",
@@ -57,19 +68,26 @@ __all__ = [
     "EtcdServer",
     "EtcdServerError",
     "FencedError",
+    "FencedManyResult",
     "Get",
     "InvalidNameError",
+    "InvalidRangeError",
     "KeyValue",
     "Keys",
     "LeaseExpiredError",
+    "Manifest",
+    "ManifestConflictError",
     "MemoryKV",
     "MetadataError",
     "MetadataUnavailableError",
+    "ObjectKind",
+    "ObjectRange",
     "OffsetReservation",
     "OpResult",
     "Owner",
     "Ownership",
     "ProgressUpdater",
+    "PruneMarks",
     "Put",
     "Records",
     "RevisionCompactedError",
@@ -83,4 +101,5 @@ __all__ = [
     "encode_cursor",
     "find_etcd_binary",
     "split_topic",
+    "subscription_cursors",
 ]

@@ -13,7 +13,8 @@ Guarantees:
   includes the epoch). A broker that lost the topic, even one that has not noticed yet (paused,
   partitioned), cannot write: etcd rejects the transaction and ``FencedError`` is raised. This,
   not the lease or the watch, is what prevents split brain; etcd locks alone do not (Jepsen,
-  etcd 3.4.3).
+  etcd 3.4.3). ``fenced_many`` makes the same check for several topics in one transaction
+  (one manifest commit per sealed segment covers many topics).
 * Loss is reported once per acquisition through ``on_lost(topic)``: when a fenced write is
   rejected, when a watch sees the owner key change or vanish, or when the broker session is lost.
 """
@@ -39,6 +40,8 @@ from danube_ingest.metadata.kv import (
     Compare,
     Delete,
     Get,
+    KeyValue,
+    OpResult,
     Put,
     TxnOp,
     TxnResult,
@@ -56,6 +59,23 @@ TopicLostCallback = Callable[[str], None]
 _ACQUIRE_ATTEMPTS = 8
 #: Delay before re-establishing a broken ownership watch.
 _WATCH_RETRY_SECONDS = 0.5
+
+
+class FencedManyResult(NamedTuple):
+    """The outcome of ``Ownership.fenced_many``."""
+
+    succeeded: bool
+    """Whether every topic was still owned and every compare held, so the ops ran."""
+    fenced: tuple[str, ...]
+    """Topics this broker does not own (any more); when not empty, nothing was written."""
+    responses: tuple[OpResult, ...]
+    """The ops' results on success, the ``failure`` ops' results when the transaction failed,
+    empty when no transaction was sent."""
+
+    def kv(self, index: int) -> KeyValue | None:
+        """The first key found by the ``Get`` at ``index``, ``None`` if it found nothing."""
+        kvs = self.responses[index].kvs
+        return kvs[0] if kvs else None
 
 
 class Owner(NamedTuple):
@@ -206,23 +226,57 @@ class Ownership:
         results.
         """
         held = self._require(topic)
-        result = await self.kv.txn(
-            [Compare.value_is(held.key, held.value), *compares],
-            ops,
-            [*failure, Get(held.key)],
-        )
-        if result.succeeded:
-            return result
-        current = result.kv(len(failure))
-        if current is None or current.value != held.value:
+        result, lost = await self._fenced_txn([(topic, held)], ops, compares, failure)
+        if lost:
+            _, _, current = lost[0]
             now = "nobody" if current is None else current.value.decode(errors="replace")
-            self._lose(topic, held, "a fenced write was rejected")
             raise FencedError(
                 topic,
                 f"write to {topic} rejected: broker {self.session.broker_id} lost ownership "
                 f"(epoch {held.owner.epoch}); the owner is now {now}",
             )
-        return TxnResult(False, result.responses[:-1])
+        return result
+
+    async def fenced_many(
+        self,
+        topics: Sequence[str],
+        ops: Sequence[TxnOp],
+        compares: Sequence[Compare] = (),
+        failure: Sequence[TxnOp] = (),
+    ) -> FencedManyResult:
+        """Run ``ops`` in one transaction only while this broker owns every one of ``topics``.
+
+        The transaction compares each topic's owner key with this broker's value (as ``fenced``
+        does), plus ``compares``. Outcomes:
+
+        * all held: ``succeeded``, with the ops' results;
+        * some topic is not held by this broker at call time: nothing is sent, those topics are
+          returned in ``fenced`` (no ``on_lost``: there is nothing left to lose);
+        * some owner key changed: nothing was written; those topics are returned in ``fenced``
+          and their loss is reported through ``on_lost``;
+        * only ``compares`` failed: ``fenced`` is empty.
+
+        Whenever the transaction ran and failed, ``responses`` holds the ``failure`` ops'
+        results, read in the same round trip. The caller decides what to retry without the
+        fenced topics. One compare and one failure ``Get`` per topic is added to the caller's,
+        so keep ``len(topics) + len(compares)`` and ``len(topics) + len(failure)`` within the
+        store's limit (etcd: 128 by default).
+        """
+        unique = list(dict.fromkeys(topics))
+        held: list[tuple[str, _Held]] = []
+        not_held: list[str] = []
+        for topic in unique:
+            entry = self._held.get(topic)
+            if entry is None or not self.session.alive:
+                not_held.append(topic)
+            else:
+                held.append((topic, entry))
+        if not_held:
+            return FencedManyResult(False, tuple(not_held), ())
+        result, lost = await self._fenced_txn(held, ops, compares, failure)
+        return FencedManyResult(
+            result.succeeded, tuple(topic for topic, _, _ in lost), result.responses
+        )
 
     async def release(self, topic: str) -> None:
         """Give the topic up (delete the owner key if it is still ours). Idempotent.
@@ -256,6 +310,34 @@ class Ownership:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch_task
+
+    async def _fenced_txn(
+        self,
+        held: Sequence[tuple[str, _Held]],
+        ops: Sequence[TxnOp],
+        compares: Sequence[Compare],
+        failure: Sequence[TxnOp],
+    ) -> tuple[TxnResult, list[tuple[str, _Held, KeyValue | None]]]:
+        """One transaction guarded by the owner keys of ``held``.
+
+        Returns the result (on failure: only the ``failure`` ops' results) and the topics
+        whose owner key no longer holds this broker's value, each with the key as it is now;
+        their loss is reported.
+        """
+        result = await self.kv.txn(
+            [*(Compare.value_is(h.key, h.value) for _, h in held), *compares],
+            ops,
+            [*failure, *(Get(h.key) for _, h in held)],
+        )
+        if result.succeeded:
+            return result, []
+        lost: list[tuple[str, _Held, KeyValue | None]] = []
+        for index, (topic, h) in enumerate(held):
+            current = result.kv(len(failure) + index)
+            if current is None or current.value != h.value:
+                self._lose(topic, h, "a fenced write was rejected")
+                lost.append((topic, h, current))
+        return TxnResult(False, result.responses[: len(failure)]), lost
 
     def _require(self, topic: str) -> _Held:
         held = self._held.get(topic)
