@@ -26,11 +26,16 @@ from danube_ingest.metadata.errors import BrokerIdConflictError
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV, MemoryKV
+from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.offsets import OffsetReservation
 from danube_ingest.metadata.ownership import Ownership
 from danube_ingest.metadata.progress import ProgressUpdater
 from danube_ingest.metadata.records import Records
 from danube_ingest.metadata.session import BrokerSession
+from danube_ingest.objects.cleaner import WalCleaner
+from danube_ingest.objects.reader import CloudReader
+from danube_ingest.objects.store import ObjectStore, RetryPolicy
+from danube_ingest.objects.uploader import SegmentUploader
 from danube_ingest.schema.kvstore import KVSchemaStore
 from danube_ingest.schema.registry import SchemaRegistry
 from danube_ingest.schema.service import SchemaRegistryServicer
@@ -108,6 +113,9 @@ class Broker:
         self._session: BrokerSession | None = None
         self._progress: ProgressUpdater | None = None
         self._ownership: Ownership | None = None
+        self.objects: ObjectStore | None = None
+        self.uploader: SegmentUploader | None = None
+        self.cleaner: WalCleaner | None = None
         self.port = 0
         self.url = ""
         self._stopped = asyncio.Event()
@@ -148,6 +156,7 @@ class Broker:
         self._progress = ProgressUpdater(ownership)
         records = Records(kv, keys)
         schemas = SchemaRegistry(KVSchemaStore(kv, keys))
+        manifest = self._start_cold_path(kv, keys, ownership)
         self.manager = TopicManager(
             broker_id=config.broker.broker_id,
             broker_url=self.url,
@@ -161,6 +170,7 @@ class Broker:
             limits=config.limits,
             policy=dispatch_policy(config),
             consumer_idle_seconds=float(config.dispatch.consumer_idle_seconds),
+            manifest=manifest,
         )
         add_services(server, self.manager)
         schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), server)
@@ -172,6 +182,46 @@ class Broker:
             self.url,
             config.wal_dir() if config.storage.mode != "memory" else "memory",
         )
+
+    def _start_cold_path(self, kv: KV, keys: Keys, ownership: Ownership) -> Manifest | None:
+        """Object store, cloud reader, uploader (mode wal_cloud) and the WAL cleaner."""
+        config = self.config
+        storage = config.storage
+        store = self.store
+        assert store is not None
+        manifest = None
+        broker_id = config.broker.broker_id
+        if storage.mode == "wal_cloud":
+            self.objects = ObjectStore.from_config(config)
+            manifest = Manifest(kv, keys)
+            store.attach_cloud(CloudReader(manifest, self.objects))
+            if storage.uploader.enabled:
+                self.uploader = SegmentUploader(
+                    store,
+                    self.objects,
+                    manifest,
+                    ownership,
+                    codec=storage.cloud.compression,
+                    concurrency=storage.uploader.concurrency,
+                    retry=RetryPolicy.from_config(storage.uploader),
+                )
+        self.cleaner = WalCleaner(
+            store,
+            broker_id=broker_id,
+            retention=storage.wal.retention,
+            kv=kv,
+            keys=keys,
+            require_upload=storage.mode == "wal_cloud",
+            prune_consumed=storage.mode == "wal_cloud",
+            interval=float(storage.wal.retention.check_seconds),
+        )
+        if self.uploader is not None:
+            self.uploader.on_uploaded(self.cleaner.wake)
+            self.uploader.start()
+        self.cleaner.start()
+        if self.objects is not None:
+            log.info("object store %s", self.objects.description)
+        return manifest
 
     async def stop(self, grace: float = 5.0) -> None:
         """Shut down cleanly (see the module docs). Idempotent."""
@@ -186,10 +236,16 @@ class Broker:
             await self.manager.close()
         if self._progress is not None:
             await self._progress.close()
+        if self.uploader is not None:
+            await self.uploader.stop()
+        if self.cleaner is not None:
+            await self.cleaner.stop()
         if self._ownership is not None:
             await self._ownership.close()
         if self.store is not None:
             await self.store.close()
+        if self.objects is not None:
+            await self.objects.close()
         if self._session is not None:
             await self._session.close()
         if self._kv is not None and self._owns_kv:

@@ -45,6 +45,7 @@ from danube_ingest.dispatch import (
 from danube_ingest.errors import DanubeIngestError, OffsetOutOfRangeError
 from danube_ingest.metadata.errors import LeaseExpiredError
 from danube_ingest.metadata.keys import Keys
+from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.offsets import OffsetReservation
 from danube_ingest.metadata.ownership import Ownership
 from danube_ingest.metadata.progress import ProgressUpdater
@@ -113,8 +114,10 @@ class TopicManager:
         limits: LimitsConfig,
         policy: DispatchPolicy,
         consumer_idle_seconds: float = 30.0,
+        manifest: Manifest | None = None,
     ) -> None:
         self.broker_id = broker_id
+        self._manifest = manifest
         self.broker_url = broker_url
         self._store = store
         self._records = records
@@ -208,6 +211,10 @@ class TopicManager:
                 start = await self._reservations.start_offset(
                     topic, local.next_offset if local is not None else None
                 )
+                if self._manifest is not None:
+                    # What earlier owners uploaded: never reassign those offsets (defence in
+                    # depth; the reservation already lies beyond them).
+                    start = max(start, await self._manifest.end_offset(topic))
                 await self._store.ensure_topic(topic, min_next_offset=start)
             else:
                 runtime.fanout = NonReliableTopic(topic)
@@ -458,7 +465,9 @@ class TopicManager:
             # restart resumes from here rather than from a later "latest".
             cursor = info.high_watermark
             await self._records.set_cursor(topic, record.name, cursor)
-        start = max(cursor, info.first_offset)
+        # Below the WAL floor a reader goes on from objects when the store has them (what an
+        # earlier owner uploaded, or what was pruned here); otherwise that data is gone.
+        start = cursor if self._store.cloud is not None else max(cursor, info.first_offset)
         if start > cursor:
             log.warning(
                 "subscription cursor below retained floor topic=%s sub=%s cursor=%d floor=%d",

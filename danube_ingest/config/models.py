@@ -121,6 +121,14 @@ class RetentionConfig(_Section):
         ),
     )
 
+    check_seconds: _Seconds = Field(
+        default=5,
+        gt=0,
+        description=(
+            "Seconds between two passes of the WAL cleaner (a pass also follows every upload)."
+        ),
+    )
+
     @model_validator(mode="after")
     def _check_bounds(self) -> RetentionConfig:
         if self.min_bytes > self.max_bytes:

@@ -9,15 +9,22 @@ Guarantees:
   appends; it only ever sees durable entries.
 * Readers pull: a reader holds at most ``max_batch`` entries (plus one segment read buffer),
   so a slow reader costs only its own buffer and never stalls the writer or other readers.
-* Below the topic's first retained offset a reader raises ``OffsetOutOfRangeError``.
+* Below the topic's first retained offset (the WAL floor) a reader continues from the object
+  store when a :class:`~danube_ingest.objects.reader.CloudReader` is attached (``attach_cloud``)
+  and switches back to segment files, cache and live appends at the floor, with no gap or
+  duplicate; without one it raises ``OffsetOutOfRangeError``.
+* With ``max_wal_bytes`` set, appends fail with ``WalBackpressureError`` (retriable) while the
+  regions hold more than that many bytes of segments, until the cleaner frees space.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from crc32c import crc32c
 
@@ -26,6 +33,7 @@ from danube_ingest.errors import (
     CorruptFrameError,
     OffsetOutOfRangeError,
     TruncatedFrameError,
+    WalBackpressureError,
     WalClosedError,
     WalCorruptionError,
 )
@@ -33,6 +41,11 @@ from danube_ingest.store.cache import WALCache
 from danube_ingest.wal.framing import Entry, Kind, batch_header, decode_frame, decode_messages
 from danube_ingest.wal.log import FsyncMode, RegionLog, Sealed
 from danube_ingest.wal.meta import TopicMeta
+
+if TYPE_CHECKING:
+    from danube_ingest.objects.reader import CloudReader, ObjectCursor
+
+log = logging.getLogger(__name__)
 
 #: Bytes read from a segment file per call while catching up.
 READ_CHUNK_BYTES = 1024 * 1024
@@ -54,9 +67,14 @@ class TopicInfo:
 class TopicStore:
     """Topics over one or more region logs, with a WALCache in front of them."""
 
-    def __init__(self, regions: list[RegionLog], cache: WALCache) -> None:
+    def __init__(
+        self, regions: list[RegionLog], cache: WALCache, *, max_wal_bytes: int | None = None
+    ) -> None:
         self._regions = regions
         self._cache = cache
+        self._cloud: CloudReader | None = None
+        self._max_wal_bytes = max_wal_bytes
+        self._full = False
         self._topic_region: dict[str, RegionLog] = {}
         for region in regions:
             for topic in region.topics():
@@ -79,6 +97,7 @@ class TopicStore:
         max_entry_bytes: int = 64 * 1024 * 1024,
         cache_max_bytes: int = 256 * 1024 * 1024,
         cache_topic_max_bytes: int = 8 * 1024 * 1024,
+        max_wal_bytes: int | None = None,
     ) -> TopicStore:
         """Open (recovering) a store under ``wal_dir``; ``None`` keeps everything in memory."""
         logs = []
@@ -97,7 +116,10 @@ class TopicStore:
                     max_entry_bytes=max_entry_bytes,
                 )
             )
-        return cls(logs, WALCache(cache_max_bytes, cache_topic_max_bytes))
+        store = cls(logs, WALCache(cache_max_bytes, cache_topic_max_bytes))
+        store._max_wal_bytes = max_wal_bytes
+        store.refresh_backpressure()
+        return store
 
     @classmethod
     async def from_config(cls, config: BrokerConfig) -> TopicStore:
@@ -116,6 +138,7 @@ class TopicStore:
             max_entry_bytes=config.limits.max_payload_bytes,
             cache_max_bytes=cache.max_bytes,
             cache_topic_max_bytes=cache.topic_max_bytes,
+            max_wal_bytes=None if config.storage.mode == "memory" else wal.retention.max_bytes,
         )
 
     # -- topics ----------------------------------------------------------------------------
@@ -154,6 +177,36 @@ class TopicStore:
     def cache(self) -> WALCache:
         return self._cache
 
+    def attach_cloud(self, cloud: CloudReader | None) -> None:
+        """Serve readers below the WAL floor from objects (None: raise OffsetOutOfRange)."""
+        self._cloud = cloud
+
+    @property
+    def cloud(self) -> CloudReader | None:
+        return self._cloud
+
+    def wal_bytes(self) -> int:
+        """Bytes of segments on disk (or in memory), all regions together."""
+        return sum(region.disk_bytes for region in self._regions)
+
+    @property
+    def full(self) -> bool:
+        """Whether appends are refused with ``WalBackpressureError`` right now."""
+        return self._full
+
+    def refresh_backpressure(self) -> bool:
+        """Re-evaluate the WAL size limit (called after every write and by the cleaner)."""
+        limit = self._max_wal_bytes
+        self._full = limit is not None and self.wal_bytes() > limit
+        return self._full
+
+    def _refuse(self) -> None:
+        raise WalBackpressureError(
+            f"the WAL holds {self.wal_bytes()} bytes, more than its limit of "
+            f"{self._max_wal_bytes} (storage.wal.retention.max_bytes): waiting for uploads "
+            "and pruning to free space"
+        )
+
     def set_sealed_callback(self, callback: Callable[[Sealed], None]) -> None:
         """Have every region announce each segment it seals (for the uploader)."""
         for region in self._regions:
@@ -169,6 +222,8 @@ class TopicStore:
         the entry is durable, or raises the write's error. Cancelling the await does not
         withdraw the entry.
         """
+        if self._full:
+            self._refuse()
         region = self._topic_region.get(topic)
         if region is None:
             region = self._region(topic)
@@ -179,6 +234,8 @@ class TopicStore:
         """Append entries of one topic in one call; return their offsets once all are durable."""
         if not entries:
             return range(0)
+        if self._full:
+            self._refuse()
         await self._region(topic).stage_batch(topic, entries)
         return range(entries[0].offset, entries[-1].offset + 1)
 
@@ -201,6 +258,8 @@ class TopicStore:
         return info
 
     def _on_durable(self, groups: list[tuple[TopicMeta, list[Entry], int]]) -> None:
+        if self._max_wal_bytes is not None:
+            self.refresh_backpressure()
         cache = self._cache
         for topic, entries, nbytes in groups:
             if entries:
@@ -255,6 +314,7 @@ class TopicReader:
         self._buffer_pos = 0
         self._closed = False
         self._waiter: asyncio.Future[None] | None = None
+        self._cold: ObjectCursor | None = None
 
     @property
     def position(self) -> int:
@@ -266,9 +326,15 @@ class TopicReader:
     def close(self) -> None:
         """End the reader: a pending ``next_batch`` returns an empty batch."""
         self._closed = True
+        self._close_cold()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _close_cold(self) -> None:
+        if self._cold is not None:
+            self._cold.close()
+            self._cold = None
 
     def __aiter__(self) -> TopicReader:
         return self
@@ -301,14 +367,30 @@ class TopicReader:
                 return []
             nxt = self._next
             if nxt < topic.first_offset:
-                raise OffsetOutOfRangeError(topic.name, nxt, topic.first_offset)
+                if store._cloud is None:
+                    raise OffsetOutOfRangeError(topic.name, nxt, topic.first_offset)
+                # Still cached (the cache outlives pruned segments) or else in objects.
+                batch = store._cache.read(topic, nxt, self._max_batch)
+                if not batch:
+                    batch = await self._read_cold(nxt)
+                if batch:
+                    self._next = batch[-1].offset + 1
+                    return batch
+                continue
+            if self._cold is not None:
+                self._close_cold()
             hwm = topic.hwm
             if nxt < hwm:
                 batch = store._cache.read(topic, nxt, self._max_batch)
                 if not batch:
                     cached_from = store._cache.first_offset(topic)
                     limit = hwm if cached_from is None or cached_from < nxt else cached_from
-                    batch = await self._read_segments(nxt, limit)
+                    try:
+                        batch = await self._read_segments(nxt, limit)
+                    except OffsetOutOfRangeError:
+                        if store._cloud is None:
+                            raise
+                        continue  # segments were pruned under the read: go on from objects
                 if batch:
                     self._next = batch[-1].offset + 1
                     return batch
@@ -320,6 +402,30 @@ class TopicReader:
                 await waiter
             finally:
                 self._waiter = None
+
+    async def _read_cold(self, nxt: int) -> list[Entry]:
+        """Entries from ``nxt`` (below the WAL floor) out of the object store; empty when the
+        reader only moved past offsets that do not exist."""
+        topic = self._topic
+        cloud = self._store._cloud
+        if cloud is None:
+            raise OffsetOutOfRangeError(topic.name, nxt, topic.first_offset)
+        cursor = self._cold
+        if cursor is None:
+            cursor = self._cold = cloud.cursor(topic.name)
+        entries, reached = await cursor.read(nxt, self._max_batch)
+        if entries:
+            return entries
+        floor = topic.first_offset
+        if reached == nxt and nxt < floor:
+            # Neither the objects nor the WAL hold [nxt, floor): offsets jumped over when the
+            # topic moved to this broker (its reservation gap, the usual case), or ranges a
+            # previous owner acknowledged but never committed (see the uploader's orphans).
+            log.info(
+                "offsets missing below the WAL floor topic=%s from=%d to=%d", topic.name, nxt, floor
+            )
+        self._next = max(nxt, min(reached, floor)) if reached > nxt else max(nxt, floor)
+        return []
 
     async def _read_segments(self, nxt: int, limit: int) -> list[Entry]:
         """Entries [nxt, limit) from segment files, at most ``max_batch`` of them."""

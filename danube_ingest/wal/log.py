@@ -225,6 +225,7 @@ class RegionLog:
         self.uploaded: set[int] = set(state.uploaded)
         #: seq -> bytes durable in that segment. The active segment grows; sealed ones do not.
         self.segment_sizes: dict[int, int] = dict(state.segments)
+        self._disk_bytes = sum(self.segment_sizes.values())
         self.sealed: set[int] = set(state.segments)
         self.on_durable: DurableCallback | None = None
         self.on_sealed: Callable[[Sealed], None] | None = None
@@ -576,8 +577,10 @@ class RegionLog:
             self._snapshot_tasks.add(task)
             task.add_done_callback(self._snapshot_tasks.discard)
         on_durable = self.on_durable
+        sizes = self.segment_sizes
         for chunk in chunks:
-            self.segment_sizes[chunk.seq] = chunk.end
+            self._disk_bytes += chunk.end - sizes.get(chunk.seq, 0)
+            sizes[chunk.seq] = chunk.end
             groups = chunk.groups
             for topic, entries, size in groups:
                 if entries:
@@ -592,6 +595,7 @@ class RegionLog:
 
     def _sealed(self, seq: int, size: int) -> None:
         self.sealed.add(seq)
+        self._disk_bytes += size - self.segment_sizes.get(seq, 0)
         self.segment_sizes[seq] = size
         if self.on_sealed is not None:
             path = str(segment_path(self.region_dir, seq)) if self.region_dir else None
@@ -639,9 +643,16 @@ class RegionLog:
     # -- housekeeping ----------------------------------------------------------------------
 
     def delete_segment(self, seq: int) -> None:
-        """Remove a sealed segment and every index entry pointing into it."""
+        """Remove the oldest sealed segment and every index entry pointing into it.
+
+        Segments go oldest first, so every topic's retained offsets stay one contiguous run.
+        """
         if seq not in self.sealed:
             raise ValueError(f"segment {seq} of region {self.region} is not sealed")
+        if seq != min(self.sealed):
+            raise ValueError(
+                f"segment {seq} of region {self.region} is not the oldest ({min(self.sealed)})"
+            )
         for topic in self._topics.values():
             spans = topic.spans
             if spans and spans[0].seq == seq:
@@ -649,8 +660,21 @@ class RegionLog:
                 topic.first_offset = spans[0].first_offset if spans else topic.hwm
         self._backend.delete(seq)
         self.sealed.discard(seq)
-        self.segment_sizes.pop(seq, None)
+        self._disk_bytes -= self.segment_sizes.pop(seq, 0)
         self.uploaded.discard(seq)
+
+    def mark_uploaded(self, seq: int) -> None:
+        """Record that sealed segment ``seq`` is stored as an object and every topic range in
+        it is committed to the manifest: from now on the cleaner may delete it. Persisted with
+        the next snapshot (a mark lost in a crash only makes the uploader repeat itself)."""
+        if seq not in self.sealed:
+            raise ValueError(f"segment {seq} of region {self.region} is not sealed")
+        self.uploaded.add(seq)
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of segment data this region holds (durable bytes, sealed and active)."""
+        return self._disk_bytes
 
     @property
     def active_seq(self) -> int:

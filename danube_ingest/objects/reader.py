@@ -1,0 +1,243 @@
+"""CloudReader: a topic's history from objects, through the manifest.
+
+A TopicReader positioned below its topic's WAL floor reads through an :class:`ObjectCursor`:
+
+* the manifest is read with one etcd range read (the ranges from the cursor's offset on), and
+  again only when those are used up;
+* each object's footer is fetched with one ranged read (rarely two) and cached, shared by all
+  cursors of the CloudReader (LRU, ``footer_cache`` objects);
+* frames are fetched with ranged reads of up to ``read_bytes`` (only the frames from the wanted
+  offset on), and the next read of the same range is prefetched while the caller consumes the
+  current one.
+
+Memory per cursor is bounded by two reads (the current one, decoded, and the prefetched one).
+Offsets missing between two manifest ranges were jumped over (a takeover's reservation gap)
+and never existed; the cursor passes over them, as WAL readers do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict, deque
+
+from danube_ingest.errors import ObjectFormatError, ObjectNotFoundError
+from danube_ingest.metadata.manifest import Manifest, ObjectRange
+from danube_ingest.objects.binfmt import Footer, FrameRef, decode_frame_bytes, read_footer_from
+from danube_ingest.objects.store import ObjectStore
+from danube_ingest.wal.framing import Entry
+
+log = logging.getLogger(__name__)
+
+#: Bytes fetched per ranged read of frames.
+READ_BYTES = 4 * 1024 * 1024
+#: Footers kept in memory (shared by every cursor of a CloudReader).
+FOOTER_CACHE = 256
+
+
+class CloudReader:
+    """Reads topics from the object store, for readers that fell behind the WAL."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        objects: ObjectStore,
+        *,
+        read_bytes: int = READ_BYTES,
+        footer_cache: int = FOOTER_CACHE,
+    ) -> None:
+        self.manifest = manifest
+        self.objects = objects
+        self.read_bytes = read_bytes
+        self._footer_cache = footer_cache
+        self._footers: OrderedDict[str, Footer] = OrderedDict()
+        self._loading: dict[str, asyncio.Future[Footer]] = {}
+
+    def cursor(self, topic: str) -> ObjectCursor:
+        return ObjectCursor(self, topic)
+
+    async def footer(self, key: str, size: int) -> Footer:
+        """The footer of object ``key`` (``size`` bytes), cached; concurrent calls share a read."""
+        footer = self._footers.get(key)
+        if footer is not None:
+            self._footers.move_to_end(key)
+            return footer
+        pending = self._loading.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Footer] = asyncio.get_running_loop().create_future()
+        self._loading[key] = future
+        try:
+            footer = await read_footer_from(self.objects.get_range, size, key)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: only the waiters care
+            raise
+        finally:
+            self._loading.pop(key, None)
+        future.set_result(footer)
+        self._footers[key] = footer
+        if len(self._footers) > self._footer_cache:
+            self._footers.popitem(last=False)
+        return footer
+
+    def forget(self, key: str) -> None:
+        self._footers.pop(key, None)
+
+
+class ObjectCursor:
+    """One reader's position in one topic's objects."""
+
+    def __init__(self, cloud: CloudReader, topic: str) -> None:
+        self._cloud = cloud
+        self.topic = topic
+        self._ranges: deque[ObjectRange] = deque()
+        self._range: ObjectRange | None = None
+        self._frames: deque[FrameRef] = deque()
+        self._entries: list[Entry] = []
+        self._pos = 0
+        self._prefetch: asyncio.Task[tuple[list[FrameRef], bytes]] | None = None
+
+    def close(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.cancel()
+            self._prefetch = None
+        self._entries = []
+        self._frames.clear()
+
+    async def read(self, nxt: int, max_batch: int) -> tuple[list[Entry], int]:
+        """Entries from offset ``nxt`` on (at most ``max_batch``), and the offset reached.
+
+        Returns ``([], n)`` with ``n > nxt`` when offsets ``[nxt, n)`` never existed, and
+        ``([], nxt)`` when the objects hold nothing at or after ``nxt``.
+        """
+        refreshed = False
+        while True:
+            entries = self._entries
+            pos = self._pos
+            while pos < len(entries) and entries[pos].offset < nxt:
+                pos += 1
+            if pos < len(entries):
+                batch = entries[pos : pos + max_batch]
+                self._pos = pos + len(batch)
+                return batch, batch[-1].offset + 1
+            self._entries = []
+            self._pos = 0
+            if self._frames:
+                try:
+                    await self._load_frames(nxt)
+                except ObjectNotFoundError:
+                    if refreshed:
+                        raise
+                    # Replaced by a rotation after we read the manifest: read it again.
+                    refreshed = True
+                    self._reset()
+                continue
+            rng = self._next_range(nxt)
+            if rng is None:
+                if refreshed:
+                    return [], nxt
+                refreshed = True
+                self._reset()
+                self._ranges.extend(await self._cloud.manifest.ranges(self.topic, nxt))
+                continue
+            if rng.start_offset > nxt:
+                return [], rng.start_offset
+            try:
+                footer = await self._cloud.footer(rng.object_key, rng.object_size)
+            except ObjectNotFoundError:
+                if refreshed:
+                    raise
+                refreshed = True
+                self._reset()
+                continue
+            span = footer.topics.get(self.topic)
+            if span is None:
+                raise ObjectFormatError(
+                    rng.object_key, None, f"the manifest lists it for {self.topic}, its footer not"
+                )
+            self._ranges.popleft()
+            self._range = rng
+            self._frames.extend(span.frames_from(nxt))
+            if not self._frames:
+                # The manifest says the range reaches nxt, the object says otherwise.
+                raise ObjectFormatError(
+                    rng.object_key,
+                    None,
+                    f"no frame of {self.topic} at or after offset {nxt} "
+                    f"(manifest range {rng.start_offset}..{rng.end_offset})",
+                )
+
+    def _next_range(self, nxt: int) -> ObjectRange | None:
+        ranges = self._ranges
+        while ranges and ranges[0].end_offset <= nxt:
+            ranges.popleft()
+        return ranges[0] if ranges else None
+
+    def _reset(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.cancel()
+            self._prefetch = None
+        self._ranges.clear()
+        self._frames.clear()
+        self._range = None
+
+    async def _load_frames(self, nxt: int) -> None:
+        """Decode the next read of frames into the entry buffer; prefetch the one after."""
+        frames = self._frames
+        while frames and frames[0].last_offset < nxt:
+            frames.popleft()
+        if not frames:
+            return
+        prefetch = self._prefetch
+        self._prefetch = None
+        if prefetch is not None:
+            refs, data = await prefetch
+            if not refs or refs[0] is not frames[0]:
+                refs, data = await self._fetch(self._take())
+        else:
+            refs, data = await self._fetch(self._take())
+        for _ in refs:
+            frames.popleft()
+        if frames:
+            self._prefetch = asyncio.ensure_future(self._fetch(self._take()))
+        rng = self._range
+        assert rng is not None
+        out: list[Entry] = []
+        view = memoryview(data)
+        base = refs[0].position
+        for ref in refs:
+            start = ref.position - base
+            out.extend(decode_frame_bytes(view[start : start + ref.length], ref, rng.object_key))
+        self._entries = out
+        self._pos = 0
+
+    def _take(self) -> list[FrameRef]:
+        """The frames of the next read: consecutive, at least one, at most ``read_bytes``."""
+        frames = self._frames
+        refs = [frames[0]]
+        total = frames[0].length
+        for i in range(1, len(frames)):
+            ref = frames[i]
+            if total + ref.length > self._cloud.read_bytes or ref.position != (
+                refs[-1].position + refs[-1].length
+            ):
+                break
+            refs.append(ref)
+            total += ref.length
+        return refs
+
+    async def _fetch(self, refs: list[FrameRef]) -> tuple[list[FrameRef], bytes]:
+        rng = self._range
+        assert rng is not None
+        start = refs[0].position
+        size = refs[-1].position + refs[-1].length - start
+        data = await self._cloud.objects.get_range(rng.object_key, start, size)
+        if len(data) != size:
+            raise ObjectFormatError(
+                rng.object_key, start, f"ranged read returned {len(data)} of {size} bytes"
+            )
+        return refs, data
+
+
+__all__ = ["CloudReader", "ObjectCursor"]

@@ -1,0 +1,498 @@
+"""SegmentUploader: every sealed WAL segment becomes one object, then manifest entries.
+
+For each sealed segment of each region, in sequence order:
+
+1. **Build** (worker thread): scan the segment, verifying every WAL frame's CRC32C, and regroup
+   its MESSAGES frames by topic into a ``.bin`` object: one topic's frames are contiguous, so the
+   manifest can name each topic's byte range. TIME markers travel with their topic's frames.
+2. **PUT** the object once, with ``if_not_exists``, under the deterministic key
+   ``segments/{broker}/{region}/{seq:020}.bin``. If the key exists (a re-run after a crash) the
+   object there is used as it is: its footer must describe exactly the offsets this segment
+   holds, otherwise the upload stops with an error (nothing is overwritten).
+3. **Commit** one manifest entry per topic (``Manifest.commit``: transactions comparing this
+   broker's ownership epoch of every topic; ranges already in the manifest are recognised, so a
+   re-run adds nothing twice). Topics this broker does not hold are acquired first if nobody
+   owns them (after a restart nobody does until clients return).
+4. **Mark** the segment uploaded in RegionMeta. Only then may the cleaner delete it.
+
+A segment holding no messages (only its checkpoint, or TIME markers) needs no object: it is
+marked uploaded at once, without a PUT.
+
+A crash anywhere repeats the steps for the segments not marked uploaded (the marks are part of
+RegionMeta snapshots), and every step is idempotent. Uploads of several segments run
+concurrently (``uploader.concurrency``); commits stay in sequence order per region, so a
+topic's manifest never has a hole below a committed range of the same broker.
+
+A topic range that cannot be committed because another broker owns the topic now (this broker
+was partitioned or paused past its lease) is *orphaned*: it stays in the local WAL (the segment
+is never marked uploaded, so never deleted), is logged as an error and listed in
+:attr:`UploaderStats.orphans`. It is committed if this broker owns the topic again later and
+nobody wrote later offsets of the topic meanwhile; otherwise committing it would put an older
+epoch after a newer one (readers past that point would never see it), so it stays orphaned
+for an operator. The offsets are never reused either way (the new owner continued from its
+reservation).
+
+Failures (object store down, etcd unreachable) are retried forever with exponential backoff
+capped at ``retry_max_ms``: a segment that is not uploaded is kept, and once the WAL reaches
+``retention.max_bytes`` publishers get backpressure rather than anyone losing data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from crc32c import crc32c
+
+from danube_ingest.errors import DanubeIngestError, FrameError, ObjectFormatError
+from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError
+from danube_ingest.metadata.manifest import CommitResult, Manifest, ObjectRange
+from danube_ingest.metadata.ownership import Ownership
+from danube_ingest.objects.binfmt import BinWriter, Footer, parse_object
+from danube_ingest.objects.store import ObjectStore, RetryPolicy
+from danube_ingest.store.topic_store import TopicStore
+from danube_ingest.wal.framing import Kind, batch_header, decode_frame, decode_time, decode_topic
+from danube_ingest.wal.log import RegionLog, Sealed
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+#: Uncompressed bytes of one topic's WAL frames grouped into one object frame.
+OBJECT_FRAME_BYTES = 1024 * 1024
+
+
+def segment_key(broker_id: str, region: str, seq: int) -> str:
+    """The object key of a sealed segment."""
+    return f"segments/{broker_id}/{region}/{seq:020}.bin"
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentObject:
+    """A segment turned into a ``.bin`` object (built here, or found already stored)."""
+
+    key: str
+    size: int
+    crc: int
+    footer: Footer
+    data: bytes | None
+    """The bytes to PUT (None once they are known to be stored)."""
+    found: bool = False
+    """Already stored by an earlier run: its manifest entries may be committed too."""
+
+
+class _Run:
+    """Consecutive WAL frames of one topic that become one object frame."""
+
+    __slots__ = ("entries", "first_ms", "first_offset", "last_ms", "last_offset", "parts", "size")
+
+    def __init__(self) -> None:
+        self.parts: list[memoryview] = []
+        self.size = 0
+        self.entries = 0
+        self.first_offset = -1
+        self.last_offset = -1
+        self.first_ms = 0
+        self.last_ms = 0
+
+
+def build_segment_object(
+    data: bytes | memoryview,
+    *,
+    key: str,
+    codec: str,
+    frame_bytes: int = OBJECT_FRAME_BYTES,
+) -> SegmentObject:
+    """Regroup a sealed segment's frames by topic into a ``.bin`` object.
+
+    Raises ``ObjectFormatError`` naming ``key`` if the segment does not decode (a damaged
+    sealed segment is never uploaded in part).
+    """
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    names: dict[int, str] = {}
+    runs: dict[int, _Run] = {}
+    writer = BinWriter(codec)
+
+    def flush(topic_id: int, run: _Run) -> None:
+        writer.add_wal_frames(
+            names[topic_id],
+            b"".join(run.parts),
+            first_offset=run.first_offset,
+            last_offset=run.last_offset,
+            entries=run.entries,
+            first_ingest_ms=run.first_ms,
+            last_ingest_ms=run.last_ms,
+        )
+
+    position = 0
+    end = len(view)
+    try:
+        while position < end:
+            frame = decode_frame(view, position)
+            kind = frame.kind
+            if kind == Kind.MESSAGES:
+                header = batch_header(frame.body)
+                topic_id = header.topic_id
+                if topic_id not in names:
+                    raise ObjectFormatError(
+                        key, position, f"MESSAGES frame of unregistered topic id {topic_id}"
+                    )
+                run = runs.get(topic_id)
+                if run is None:
+                    run = runs[topic_id] = _Run()
+                if run.entries == 0:
+                    run.first_offset = header.base_offset
+                    run.first_ms = header.first_ingest_ms
+                run.parts.append(view[position : frame.end])
+                run.size += frame.end - position
+                run.entries += header.num_entries
+                run.last_offset = header.base_offset + header.num_entries - 1
+                run.last_ms = header.last_ingest_ms
+                if run.size >= frame_bytes:
+                    flush(topic_id, run)
+                    runs[topic_id] = _Run()
+            elif kind == Kind.TIME:
+                topic_id = decode_time(frame.body)[0]
+                run = runs.get(topic_id)
+                if run is not None and run.entries:
+                    # Travels with the topic's data (the hour-completeness signal downstream).
+                    run.parts.append(view[position : frame.end])
+                    run.size += frame.end - position
+            elif kind == Kind.TOPIC:
+                topic_id, name = decode_topic(frame.body)
+                names[topic_id] = name
+            position = frame.end
+    except FrameError as exc:
+        raise ObjectFormatError(key, position, f"segment does not decode: {exc}") from exc
+    for topic_id, run in runs.items():
+        if run.entries:
+            flush(topic_id, run)
+    body = writer.finish()
+    return SegmentObject(key, len(body), crc32c(body), writer.footer, body)
+
+
+@dataclass
+class UploaderStats:
+    """What the uploader did since it started (for ``status`` and tests)."""
+
+    segments: int = 0
+    """Segments uploaded and committed."""
+    puts: int = 0
+    """Objects written (a re-run that found its object already stored writes none)."""
+    bytes: int = 0
+    ranges: int = 0
+    """Manifest entries written."""
+    already: int = 0
+    """Manifest entries found already committed (re-runs)."""
+    failures: int = 0
+    last_error: str | None = None
+    orphans: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    """(region, seq) -> topics whose range could not be committed (owned elsewhere)."""
+
+
+class SegmentUploader:
+    """Uploads a TopicStore's sealed segments. Use from the store's event loop."""
+
+    def __init__(
+        self,
+        store: TopicStore,
+        objects: ObjectStore,
+        manifest: Manifest,
+        ownership: Ownership,
+        *,
+        codec: str = "zstd",
+        concurrency: int = 4,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self._store = store
+        self._objects = objects
+        self._manifest = manifest
+        self._ownership = ownership
+        self._broker_id = ownership.session.broker_id
+        self._codec = codec
+        self._concurrency = max(1, concurrency)
+        self._retry = retry or RetryPolicy()
+        self._queues: dict[str, deque[int]] = {}
+        self._queued: dict[str, set[int]] = {}
+        self._wakeups: dict[str, asyncio.Event] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._idle: dict[str, asyncio.Event] = {}
+        self._listeners: list[Callable[[str, int], None]] = []
+        self.stats = UploaderStats()
+        self._started = False
+        #: Segments left from before this start: their topics may have changed hands since.
+        self._recovered: set[tuple[str, int]] = set()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def on_uploaded(self, callback: Callable[[str, int], None]) -> None:
+        """Call ``callback(region, seq)`` after a segment is committed and marked uploaded."""
+        self._listeners.append(callback)
+
+    def start(self) -> None:
+        """Queue every sealed segment not yet uploaded, then follow new seals."""
+        if self._started:
+            return
+        self._started = True
+        loop = asyncio.get_running_loop()
+        for region in self._store.regions:
+            name = region.region
+            self._queues[name] = deque()
+            self._queued[name] = set()
+            self._wakeups[name] = asyncio.Event()
+            self._idle[name] = asyncio.Event()
+            for seq in sorted(region.sealed - region.uploaded):
+                self._recovered.add((name, seq))
+                self._enqueue(name, seq)
+            self._tasks.append(loop.create_task(self._worker(region), name=f"uploader-{name}"))
+        self._store.set_sealed_callback(self._on_sealed)
+
+    async def stop(self) -> None:
+        """Stop uploading. A segment caught mid-upload is repeated at the next start."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    def pending(self) -> int:
+        """Segments sealed but not uploaded yet (all regions)."""
+        return sum(len(q) for q in self._queues.values())
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Wait until every segment sealed so far is uploaded (tests, shutdown)."""
+
+        async def wait() -> None:
+            for name, queue in self._queues.items():
+                while queue:
+                    self._idle[name].clear()
+                    await self._idle[name].wait()
+
+        await asyncio.wait_for(wait(), timeout)
+
+    # -- queueing --------------------------------------------------------------------------
+
+    def _on_sealed(self, sealed: Sealed) -> None:
+        self._enqueue(sealed.region, sealed.seq)
+
+    def _enqueue(self, region: str, seq: int) -> None:
+        queued = self._queued[region]
+        if seq in queued:
+            return
+        queued.add(seq)
+        self._queues[region].append(seq)
+        self._wakeups[region].set()
+
+    async def _worker(self, region: RegionLog) -> None:
+        name = region.region
+        queue = self._queues[name]
+        wakeup = self._wakeups[name]
+        while True:
+            if not queue:
+                self._idle[name].set()
+                wakeup.clear()
+                await wakeup.wait()
+                continue
+            seqs = [queue[i] for i in range(min(self._concurrency, len(queue)))]
+            prepared = [asyncio.ensure_future(self._prepare(region, seq)) for seq in seqs]
+            try:
+                for seq, task in zip(seqs, prepared, strict=True):
+                    obj = await task
+                    if obj is not None:
+                        await self._with_retries(
+                            f"commit {obj.key}", functools.partial(self._commit, region, obj)
+                        )
+                    queue.popleft()
+                    self._queued[name].discard(seq)
+            finally:
+                for task in prepared:
+                    task.cancel()
+
+    # -- one segment ---------------------------------------------------------------------
+
+    async def _prepare(self, region: RegionLog, seq: int) -> SegmentObject | None:
+        """Build and store the object of segment ``seq``; None if it vanished meanwhile."""
+        if seq not in region.sealed:
+            return None
+        key = segment_key(self._broker_id, region.region, seq)
+        size = region.segment_sizes[seq]
+        data = await region.read(seq, 0, size)
+        obj = await self._with_retries(
+            f"build {key}",
+            lambda: asyncio.to_thread(build_segment_object, data, key=key, codec=self._codec),
+        )
+        if not obj.footer.topics:
+            # Only a checkpoint (and maybe TIME markers): nothing to store, nothing to PUT.
+            return SegmentObject(key, 0, 0, obj.footer, None)
+        return await self._with_retries(f"put {key}", lambda: self._put(obj))
+
+    async def _put(self, obj: SegmentObject) -> SegmentObject:
+        assert obj.data is not None
+        if await self._objects.put_if_absent(obj.key, obj.data):
+            self.stats.puts += 1
+            self.stats.bytes += obj.size
+            return SegmentObject(obj.key, obj.size, obj.crc, obj.footer, None)
+        # Stored by an earlier run (or a retried PUT that had succeeded): use what is there.
+        stored = await self._objects.get(obj.key)
+        try:
+            footer = parse_object(stored, obj.key)
+        except ObjectFormatError as exc:
+            # Only this broker writes under its segment keys, and it commits an object only
+            # after a complete PUT: a damaged object here is a write torn by a crash (an fs
+            # store writes in place). Replace it with the segment's object.
+            log.warning("replacing a damaged segment object key=%s error=%s", obj.key, exc)
+            await self._objects.put(obj.key, obj.data)
+            self.stats.puts += 1
+            self.stats.bytes += obj.size
+            return SegmentObject(obj.key, obj.size, obj.crc, obj.footer, None, found=True)
+        if _offsets(footer) != _offsets(obj.footer):
+            raise ObjectFormatError(
+                obj.key,
+                None,
+                "an object with other contents already exists under this segment's key "
+                f"(stored: {_offsets(footer)}, segment: {_offsets(obj.footer)})",
+            )
+        log.info("segment object already stored key=%s", obj.key)
+        return SegmentObject(obj.key, len(stored), crc32c(stored), footer, None, found=True)
+
+    async def _commit(self, region: RegionLog, obj: SegmentObject) -> None:
+        ownership = self._ownership
+        seq = _seq_of(obj.key)
+        ranges: list[ObjectRange] = []
+        # Topics whose ranges may be committed already, or may have been written before
+        # another broker owned the topic: checked against the manifest before committing.
+        careful_all = obj.found or (region.region, seq) in self._recovered
+        careful: set[str] = set()
+        for topic, span in obj.footer.topics.items():
+            owner = ownership.owned(topic)
+            if owner is None:
+                acquired = await ownership.acquire(topic)
+                owner = acquired if acquired.broker_id == self._broker_id else None
+                careful.add(topic)
+            ranges.append(
+                ObjectRange(
+                    topic=topic,
+                    object_key=obj.key,
+                    start_offset=span.first_offset,
+                    end_offset=span.last_offset + 1,
+                    entries=span.entries,
+                    byte_start=span.position,
+                    byte_length=span.length,
+                    object_size=obj.size,
+                    object_crc=obj.crc,
+                    first_ingest_ms=span.first_ingest_ms,
+                    last_ingest_ms=span.last_ingest_ms,
+                    kind="segment",
+                    broker=self._broker_id,
+                    epoch=owner.epoch if owner is not None else 0,
+                )
+            )
+        already: list[ObjectRange] = []
+        stale: list[str] = []
+        checked = [r for r in ranges if careful_all or r.topic in careful]
+        if checked:
+            ranges = [r for r in ranges if not (careful_all or r.topic in careful)]
+            todo, already, behind = await self._classify(checked)
+            ranges += todo
+            stale = [r.topic for r in behind]
+        result = CommitResult([], already, stale)
+        if ranges:
+            done = await self._manifest.commit(ownership, ranges)
+            result = CommitResult(done.committed, done.already + already, done.fenced + stale)
+        self.stats.ranges += len(result.committed)
+        self.stats.already += len(result.already)
+        if result.fenced:
+            self.stats.orphans[(region.region, seq)] = sorted(result.fenced)
+            log.error(
+                "segment ranges orphaned: owned by another broker key=%s topics=%s "
+                "(kept in the local WAL; committed only if this broker owns them again before "
+                "anyone else wrote later offsets)",
+                obj.key,
+                ",".join(sorted(result.fenced)),
+            )
+            return
+        self.stats.orphans.pop((region.region, seq), None)
+        if seq in region.sealed:
+            region.mark_uploaded(seq)
+        self.stats.segments += 1
+        log.info(
+            "segment uploaded key=%s bytes=%d topics=%d committed=%d already=%d",
+            obj.key,
+            obj.size,
+            len(ranges),
+            len(result.committed),
+            len(result.already),
+        )
+        for listener in self._listeners:
+            listener(region.region, seq)
+
+    async def _classify(
+        self, ranges: list[ObjectRange]
+    ) -> tuple[list[ObjectRange], list[ObjectRange], list[ObjectRange]]:
+        """Split ranges into (to commit, wholly covered by the manifest already, behind).
+
+        Covered: a re-run (the entries may even have been merged by a rotation into a range
+        starting elsewhere, which the commit's per-key check cannot see). Behind: the manifest
+        already holds later offsets of the topic (another owner went on meanwhile); committing
+        would put older epochs after newer ones and readers past that point would never see
+        the range, so it stays orphaned in the local WAL instead.
+        """
+        todo: list[ObjectRange] = []
+        covered: list[ObjectRange] = []
+        behind: list[ObjectRange] = []
+        for rng in ranges:
+            existing = await self._manifest.ranges(rng.topic, rng.start_offset)
+            position = rng.start_offset
+            for entry in existing:
+                if entry.start_offset > position:
+                    break
+                position = max(position, entry.end_offset)
+                if position >= rng.end_offset:
+                    break
+            if position >= rng.end_offset:
+                covered.append(rng)
+            elif existing:
+                behind.append(rng)
+            else:
+                todo.append(rng)
+        return todo, covered, behind
+
+    async def _with_retries(self, what: str, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """Run ``attempt`` until it succeeds, backing off between failures (forever: what is
+        not uploaded is kept, never dropped)."""
+        delay = self._retry.base_delay
+        while True:
+            try:
+                return await attempt()
+            except (DanubeIngestError, OSError, LeaseExpiredError, MetadataError) as exc:
+                self.stats.failures += 1
+                self.stats.last_error = f"{what}: {exc}"
+                log.error("upload step failed (will retry in %.1fs) %s: %s", delay, what, exc)
+            await asyncio.sleep(random.uniform(delay / 2, delay))
+            delay = min(delay * 2, self._retry.max_delay)
+
+
+def _offsets(footer: Footer) -> list[tuple[str, int, int, int]]:
+    return [(t, s.first_offset, s.last_offset, s.entries) for t, s in footer.topics.items()]
+
+
+def _seq_of(key: str) -> int:
+    return int(key.rsplit("/", 1)[1].split(".", 1)[0])
+
+
+__all__ = [
+    "OBJECT_FRAME_BYTES",
+    "SegmentObject",
+    "SegmentUploader",
+    "UploaderStats",
+    "build_segment_object",
+    "segment_key",
+]

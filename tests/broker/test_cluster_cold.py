@@ -1,0 +1,301 @@
+"""Two daemons in ``wal_cloud`` mode on one etcd and one object store: a new owner continues a
+topic from the objects the old one uploaded, and a paused old owner cannot write the manifest.
+
+Both brokers run as child processes (``BrokerProcess``) under one fresh etcd prefix and share
+one fs object root; the clients are the real danube-client. Unlike ``test_cluster.py``
+(``local_only``), nothing needs settling before a takeover: what the old owner uploaded is
+read by the new one through the manifest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.keys import Keys
+from danube_ingest.metadata.manifest import Manifest, ObjectRange
+from danube_ingest.testing import BrokerProcess
+
+from .test_cluster import (
+    LEASE_TTL,
+    TOPIC,
+    _client,
+    _consumer,
+    _owner,
+    _producer,
+    _reserved,
+    _take,
+    _wait_connect,
+    _wait_cursor,
+)
+
+#: How long a test waits for a segment to be sealed, uploaded and committed. Segments seal
+#: after ``segment_seconds`` (1 s, or 5 s for the paused owner) plus an age check; the rest is
+#: slack for a loaded 2-core CI machine.
+UPLOAD_TIMEOUT = 30.0
+#: What the paused owner logs (once, at ERROR) for ranges of a topic it no longer owns.
+ORPHANED = "segment ranges orphaned"
+#: What it may log (at ERROR, then retry) if its segment seals before its session is
+#: registered again: without a live session it does not even look up the topic's owner.
+NO_SESSION = "has no live session"
+
+StartBroker = Callable[..., Awaitable[BrokerProcess]]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_client(caplog: pytest.LogCaptureFixture) -> None:
+    """danube-client reopens a failed stream at once, logging a warning each time: thousands
+    per second while a broker is down. Keep them out of the captured log."""
+    caplog.set_level(logging.ERROR, logger="danube.consumer")
+
+
+@pytest.fixture
+async def kv(etcd_server: str) -> AsyncIterator[EtcdKV]:
+    store = await EtcdKV.connect([etcd_server], timeout=5.0)
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+def keys(etcd_prefix: str) -> Keys:
+    return Keys(etcd_prefix)
+
+
+@pytest.fixture
+def objects_root(tmp_path: Path) -> Path:
+    return tmp_path / "objects"
+
+
+@pytest.fixture
+async def start_broker(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str, objects_root: Path
+) -> AsyncIterator[StartBroker]:
+    """``await start_broker("broker-a", segment_seconds=1)``: a ``wal_cloud`` broker process
+    with its own data dir and port, on the shared object root."""
+    started: list[BrokerProcess] = []
+
+    async def start(broker_id: str, segment_seconds: float = 1) -> BrokerProcess:
+        broker = BrokerProcess(
+            tmp_path / broker_id,
+            etcd_server,
+            broker_id=broker_id,
+            prefix=etcd_prefix,
+            lease_ttl=LEASE_TTL,
+            storage={
+                "mode": "wal_cloud",
+                "cloud": {"backend": "fs", "root": str(objects_root)},
+                "wal": {"segment_seconds": segment_seconds, "retention": {"check_seconds": 0.2}},
+            },
+        )
+        started.append(broker)
+        await asyncio.to_thread(broker.start)
+        return broker
+
+    yield start
+    hung: list[RuntimeError] = []
+    for broker in started:
+        broker.kill(signal.SIGCONT)  # a paused broker could not act on SIGTERM
+        try:
+            await asyncio.to_thread(broker.stop)
+        except RuntimeError as exc:  # it did not exit (and was killed): stop the others too
+            hung.append(exc)
+    if hung:
+        raise hung[0]
+
+
+def _error_lines(broker: BrokerProcess) -> list[str]:
+    text = broker.log_text()
+    assert "Traceback" not in text, text[-3000:]
+    return [line for line in text.splitlines() if " ERROR " in line]
+
+
+def _covers(ranges: Iterable[ObjectRange], offsets: Iterable[int]) -> bool:
+    spans = [(r.start_offset, r.end_offset) for r in ranges]
+    return all(any(start <= o < end for start, end in spans) for o in offsets)
+
+
+def _of(ranges: Iterable[ObjectRange], broker: str) -> list[ObjectRange]:
+    return [r for r in ranges if r.broker == broker]
+
+
+async def _wait_manifest(
+    manifest: Manifest, done: Callable[[list[ObjectRange]], bool], what: str
+) -> list[ObjectRange]:
+    """The topic's manifest once ``done`` holds for it (polled)."""
+    deadline = time.monotonic() + UPLOAD_TIMEOUT
+    while True:
+        ranges = await manifest.ranges(TOPIC)
+        if done(ranges):
+            return ranges
+        assert time.monotonic() < deadline, f"manifest never {what}: {ranges}"
+        await asyncio.sleep(0.1)
+
+
+def _assert_one_line(ranges: list[ObjectRange]) -> None:
+    """One history: ranges in offset order, disjoint, each broker under one epoch, and the
+    epochs never decreasing as offsets grow."""
+    assert ranges, "empty manifest"
+    for before, after in pairwise(ranges):
+        assert before.end_offset <= after.start_offset, (before.span(), after.span())
+        assert before.epoch <= after.epoch, (before, after)
+    assert all(r.kind == "segment" for r in ranges)
+    epochs = {r.broker: r.epoch for r in ranges}
+    assert len({(r.broker, r.epoch) for r in ranges}) == len(epochs) == len(set(epochs.values()))
+
+
+@pytest.mark.slow
+async def test_takeover_continues_a_subscription_from_the_old_owners_objects(
+    start_broker: StartBroker, kv: EtcdKV, keys: Keys, objects_root: Path
+) -> None:
+    a = await start_broker("broker-a")
+    b = await start_broker("broker-b")
+    manifest = Manifest(kv, keys)
+
+    # On A: ten messages published, all received, only the first four acked.
+    via_a = await _client(a.url)
+    producer_a = await _producer(via_a, "p1")  # creates the topic
+    consumer_a, queue_a = await _consumer(via_a)
+    sent = [f"a{i}".encode() for i in range(10)]
+    for payload in sent:
+        await producer_a.send(payload)
+    before = await _take(queue_a, len(sent))
+    assert [m.payload for m in before] == sent
+    offsets_a = [m.msg_id.topic_offset for m in before]
+    assert offsets_a == sorted(set(offsets_a))
+    for message in before[:4]:
+        await consumer_a.ack(message)
+    await _wait_cursor(kv, keys, "s1", offsets_a[4])
+    owner_a = await _owner(kv, keys)
+    assert owner_a == {"broker": "broker-a", "url": a.url, "epoch": 1}
+    reserved_a = await _reserved(kv, keys)
+    assert reserved_a > offsets_a[-1]
+    # Sealed within a second, uploaded and committed: then A may crash without losing them.
+    await _wait_manifest(manifest, lambda r: _covers(r, offsets_a), "covered A's offsets")
+
+    a.kill(signal.SIGKILL)
+    for old in (producer_a, consumer_a):
+        await old.close()
+    response, took, _ = await _wait_connect(b.url)
+    assert (response.connect_url, response.broker_url) == (b.url, b.url)
+    assert await _owner(kv, keys) == {"broker": "broker-b", "url": b.url, "epoch": 2}
+
+    # The subscription goes on on B from its cursor: the six unacked messages, which only A's
+    # objects hold (B has its own WAL), in order, at the offsets A gave them.
+    via_b = await _client(b.url)
+    consumer, queue = await _consumer(via_b)
+    redelivered = await _take(queue, 6)
+    assert [m.payload for m in redelivered] == sent[4:]
+    assert [m.msg_id.topic_offset for m in redelivered] == offsets_a[4:]
+    assert {m.msg_id.broker_addr for m in redelivered} == {b.url}
+
+    # New publishes on B continue beyond A's reserved block, behind the redelivered ones.
+    producer = await _producer(via_b, "p1")
+    fresh = [f"b{i}".encode() for i in range(5)]
+    for payload in fresh:
+        await producer.send(payload)
+    after = await _take(queue, len(fresh))
+    assert [m.payload for m in after] == fresh
+    offsets_b = [m.msg_id.topic_offset for m in after]
+    assert offsets_b == sorted(set(offsets_b))
+    assert offsets_b[0] >= reserved_a > offsets_a[-1]
+    for message in [*redelivered, *after]:
+        await consumer.ack(message)
+    await _wait_cursor(kv, keys, "s1", offsets_b[-1] + 1)
+    assert queue.empty(), "a message was delivered twice"
+
+    # One history in the manifest: A's ranges (epoch 1) then B's (epoch 2).
+    ranges = await _wait_manifest(manifest, lambda r: _covers(r, offsets_b), "covered B's")
+    _assert_one_line(ranges)
+    ranges_a, ranges_b = _of(ranges, "broker-a"), _of(ranges, "broker-b")
+    assert ranges == ranges_a + ranges_b, ranges
+    assert {r.epoch for r in ranges_a} == {1} and {r.epoch for r in ranges_b} == {2}
+    assert _covers(ranges_a, offsets_a) and ranges_a[-1].end_offset <= reserved_a
+    assert _covers(ranges_b, offsets_b) and ranges_b[0].start_offset >= reserved_a
+    for entry in ranges_a:
+        assert entry.object_key.startswith("segments/broker-a/"), entry
+        assert (objects_root / entry.object_key).is_file(), entry
+    await producer.close()
+    await consumer.close()
+    assert _error_lines(a) == [] and _error_lines(b) == []
+    print(f"B took over {took:.1f}s after A's SIGKILL; offsets {offsets_a} then {offsets_b}")
+
+
+@pytest.mark.slow
+async def test_paused_owner_is_fenced_from_the_manifest(
+    start_broker: StartBroker, kv: EtcdKV, keys: Keys
+) -> None:
+    # A seals every 5 s: time enough to publish and be paused before a seal; B every second.
+    a = await start_broker("broker-a", segment_seconds=5)
+    b = await start_broker("broker-b")
+    manifest = Manifest(kv, keys)
+
+    via_a = await _client(a.url)
+    producer_a = await _producer(via_a, "p1")
+    owner_a = await _owner(kv, keys)
+    assert owner_a == {"broker": "broker-a", "url": a.url, "epoch": 1}
+    for i in range(3):
+        await producer_a.send(f"a{i}".encode())
+    committed_a = await _wait_manifest(
+        manifest, lambda r: sum(e.entries for e in r) == 3, "held A's first three messages"
+    )
+    # Three more, acknowledged, in A's active segment, which A is paused before sealing.
+    for i in range(3, 6):
+        await producer_a.send(f"a{i}".encode())
+    a.kill(signal.SIGSTOP)
+    try:
+        assert await manifest.ranges(TOPIC) == committed_a, "A uploaded before its pause"
+        reserved_a = await _reserved(kv, keys)
+        response, took, _ = await _wait_connect(b.url)
+        assert took >= 0.5  # B had to wait for A's lease
+        assert response.connect_url == b.url
+        owner_b = {"broker": "broker-b", "url": b.url, "epoch": 2}  # A's + 1
+        assert await _owner(kv, keys) == owner_b
+        owner_key = await kv.get(keys.topic_owner(TOPIC))
+        assert owner_key is not None
+        taken_over = owner_key.mod_revision
+
+        via_b = await _client(b.url)
+        producer = await _producer(via_b, "p1")
+        for i in range(3):
+            await producer.send(f"b{i}".encode())
+        await _wait_manifest(
+            manifest, lambda r: sum(e.entries for e in _of(r, "broker-b")) == 3, "held B's"
+        )
+    finally:
+        a.kill(signal.SIGCONT)
+
+    # A seals its segment at once (it is older than 5 s), uploads it, and its commit is refused.
+    deadline = time.monotonic() + UPLOAD_TIMEOUT
+    while ORPHANED not in a.log_text():
+        assert time.monotonic() < deadline, f"A never tried to commit:\n{a.log_text()[-3000:]}"
+        await asyncio.sleep(0.1)
+    orphaned = [line for line in _error_lines(a) if ORPHANED in line]
+    others = [line for line in _error_lines(a) if ORPHANED not in line]
+    assert all("upload step failed" in e and NO_SESSION in e for e in others), others
+    assert len(orphaned) == 1 and f"topics={TOPIC}" in orphaned[0], orphaned
+    assert "segments/broker-a/" in orphaned[0], orphaned
+    assert await _owner(kv, keys) == owner_b
+
+    # A's entries are the ones it committed before the takeover, untouched; B's follow, under
+    # B's epoch, beyond A's reserved block (A's orphaned offsets lie below it).
+    stored = await kv.get_prefix(keys.storage_objects_prefix(TOPIC))
+    written_by_a = [s for s in stored if ObjectRange.decode(s.value, s.key).broker == "broker-a"]
+    assert written_by_a and all(s.mod_revision < taken_over for s in written_by_a)
+    ranges = await manifest.ranges(TOPIC)
+    _assert_one_line(ranges)
+    ranges_b = _of(ranges, "broker-b")
+    assert ranges == committed_a + ranges_b, ranges
+    assert {r.epoch for r in ranges_b} == {owner_b["epoch"]}
+    assert ranges_b[0].start_offset >= reserved_a > committed_a[-1].end_offset
+    await producer.close()
+    await producer_a.close()
+    assert _error_lines(b) == []
+    print(f"B took over {took:.1f}s after SIGSTOP; A's commit refused: {orphaned[0]}")
