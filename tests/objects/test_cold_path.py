@@ -19,7 +19,7 @@ from danube_ingest.metadata.marks import PruneMarks
 from danube_ingest.metadata.records import Records, SubscriptionRecord, encode_cursor
 from danube_ingest.objects.binfmt import decode_frame_bytes, parse_object
 from danube_ingest.objects.store import ObjectStore
-from danube_ingest.objects.uploader import segment_key
+from danube_ingest.objects.uploader import build_segment_object, segment_key
 from danube_ingest.store import TopicReader
 from danube_ingest.testing import MotoServer, free_port
 from danube_ingest.wal.framing import Entry
@@ -446,3 +446,21 @@ async def test_a_broker_that_lost_the_topic_cannot_commit_and_keeps_its_wal(
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_torn_object_under_the_brokers_own_key_is_replaced(stack: ColdStack) -> None:
+    await stack.acquire(T)
+    await stack.append(T, payloads(T, 50))
+    await stack.seal()
+    seq = min(stack.store.regions[0].sealed)
+    key = segment_key("b1", "r0", seq)
+    # What an fs store holds after a crash in the middle of writing the object in place.
+    region = stack.store.regions[0]
+    data = await region.read(seq, 0, region.segment_sizes[seq])
+    whole = build_segment_object(data, key=key, codec="zstd").data
+    assert whole is not None
+    await stack.objects.put(key, whole[: len(whole) // 2])
+    stack.uploader.start()
+    await stack.seal_and_upload()
+    assert parse_object(await stack.objects.get(key), key).topics[T].entries == 50
+    assert_one_line(await stack.manifest.ranges(T), 50)
