@@ -10,7 +10,8 @@ A TopicReader positioned below its topic's WAL floor reads through an :class:`Ob
   offset on), and the next read of the same range is prefetched while the caller consumes the
   current one.
 
-Memory per cursor is bounded by two reads (the current one, decoded, and the prefetched one).
+Memory per cursor is bounded by two reads (the current one and the prefetched one, decoded;
+decoding runs in a worker thread, off the event loop).
 Offsets missing between two manifest ranges were jumped over (a takeover's reservation gap)
 and never existed; the cursor passes over them, as WAL readers do.
 """
@@ -96,7 +97,7 @@ class ObjectCursor:
         self._frames: deque[FrameRef] = deque()
         self._entries: list[Entry] = []
         self._pos = 0
-        self._prefetch: asyncio.Task[tuple[list[FrameRef], bytes]] | None = None
+        self._prefetch: asyncio.Task[tuple[list[FrameRef], list[Entry]]] | None = None
 
     def close(self) -> None:
         if self._prefetch is not None:
@@ -192,24 +193,16 @@ class ObjectCursor:
         prefetch = self._prefetch
         self._prefetch = None
         if prefetch is not None:
-            refs, data = await prefetch
+            refs, entries = await prefetch
             if not refs or refs[0] is not frames[0]:
-                refs, data = await self._fetch(self._take())
+                refs, entries = await self._fetch(self._take())
         else:
-            refs, data = await self._fetch(self._take())
+            refs, entries = await self._fetch(self._take())
         for _ in refs:
             frames.popleft()
         if frames:
             self._prefetch = asyncio.ensure_future(self._fetch(self._take()))
-        rng = self._range
-        assert rng is not None
-        out: list[Entry] = []
-        view = memoryview(data)
-        base = refs[0].position
-        for ref in refs:
-            start = ref.position - base
-            out.extend(decode_frame_bytes(view[start : start + ref.length], ref, rng.object_key))
-        self._entries = out
+        self._entries = entries
         self._pos = 0
 
     def _take(self) -> list[FrameRef]:
@@ -227,17 +220,29 @@ class ObjectCursor:
             total += ref.length
         return refs
 
-    async def _fetch(self, refs: list[FrameRef]) -> tuple[list[FrameRef], bytes]:
+    async def _fetch(self, refs: list[FrameRef]) -> tuple[list[FrameRef], list[Entry]]:
+        """Read and decode ``refs``. Decompression and decoding run in a worker thread: zstd
+        and lz4 release the GIL (so they overlap with the event loop's work), and the loop is
+        never blocked for the tens of milliseconds a 4 MiB read takes to decode."""
         rng = self._range
         assert rng is not None
+        key = rng.object_key
         start = refs[0].position
         size = refs[-1].position + refs[-1].length - start
-        data = await self._cloud.objects.get_range(rng.object_key, start, size)
+        data = await self._cloud.objects.get_range(key, start, size)
         if len(data) != size:
-            raise ObjectFormatError(
-                rng.object_key, start, f"ranged read returned {len(data)} of {size} bytes"
-            )
-        return refs, data
+            raise ObjectFormatError(key, start, f"ranged read returned {len(data)} of {size} bytes")
+        return refs, await asyncio.to_thread(_decode_frames, data, refs, key)
+
+
+def _decode_frames(data: bytes, refs: list[FrameRef], key: str) -> list[Entry]:
+    out: list[Entry] = []
+    view = memoryview(data)
+    base = refs[0].position
+    for ref in refs:
+        start = ref.position - base
+        out.extend(decode_frame_bytes(view[start : start + ref.length], ref, key))
+    return out
 
 
 __all__ = ["CloudReader", "ObjectCursor"]
