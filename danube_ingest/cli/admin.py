@@ -10,12 +10,15 @@ from typing import Any
 
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.keys import Keys
+from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.ownership import Owner
 from danube_ingest.metadata.records import Records
 
 
 def register(commands: Any) -> None:
-    topics = commands.add_parser("topics", help="list topics with owner and dispatch strategy")
+    topics = commands.add_parser(
+        "topics", help="list topics with owner, dispatch strategy and what is in objects"
+    )
     _etcd_options(topics)
     topics.add_argument("--namespace", help="only this namespace")
     topics.set_defaults(handler=_sync(_topics))
@@ -58,16 +61,20 @@ async def _topics(args: argparse.Namespace) -> int:
     kv, keys, records = await _connect(args)
     try:
         rows = []
+        manifest = Manifest(kv, keys)
         for record in await records.list_topics(args.namespace):
             owner = await _owner(kv, keys, record.name)
+            ranges = await manifest.ranges(record.name) if record.reliable else []
             rows.append(
                 (
                     record.name,
                     "reliable" if record.reliable else "non-reliable",
                     f"{owner.broker_id} (epoch {owner.epoch})" if owner else "-",
+                    str(len(ranges)),
+                    f"{ranges[0].start_offset}..{ranges[-1].end_offset}" if ranges else "-",
                 )
             )
-        _table(("topic", "dispatch", "owner"), rows)
+        _table(("topic", "dispatch", "owner", "object ranges", "offsets in objects"), rows)
     finally:
         await kv.close()
     return 0
