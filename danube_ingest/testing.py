@@ -43,7 +43,37 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-class LocalEtcd:
+class _ServerProcess:
+    """A server in a child process with a temp dir of its own: ``start()``/``stop()``, or use
+    it as a context manager. The temp dir goes with ``stop()``."""
+
+    _temp_dir: Path | None
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def _remove_temp_dir(self) -> None:
+        if self._temp_dir is not None:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+            self._temp_dir = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class LocalEtcd(_ServerProcess):
     """A throwaway single-node etcd: free loopback ports, a temp data dir, fast raft timings.
 
     Use as a context manager, sync (``with``) or async (``async with``); the data dir is deleted
@@ -100,23 +130,6 @@ class LocalEtcd:
     async def connect(self, *, timeout: float = 5.0) -> EtcdKV:
         """A new ``EtcdKV`` connected to this server."""
         return await EtcdKV.connect([self.endpoint], timeout=timeout)
-
-    def _remove_temp_dir(self) -> None:
-        if self._temp_dir is not None:
-            shutil.rmtree(self._temp_dir, ignore_errors=True)
-            self._temp_dir = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     async def __aenter__(self) -> Self:
         await asyncio.to_thread(self.start)
@@ -311,7 +324,7 @@ def find_moto_server() -> Path:
     return Path(on_path)
 
 
-class MotoServer:
+class MotoServer(_ServerProcess):
     """A moto S3 server (``moto_server``) in a child process on a free loopback port.
 
     A separate process, not moto's in-process mock: opendal's blocking calls deadlocked against
@@ -446,20 +459,3 @@ class MotoServer:
 
     def _log_tail(self) -> str:
         return self.log_text()[-3000:]
-
-    def _remove_temp_dir(self) -> None:
-        if self._temp_dir is not None:
-            shutil.rmtree(self._temp_dir, ignore_errors=True)
-            self._temp_dir = None
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -3,6 +3,7 @@ danube-client talking to it over loopback gRPC."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -12,9 +13,29 @@ import pytest
 from danube import DanubeClient, DanubeClientBuilder
 
 from danube_ingest.broker.server import Broker
+from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.testing import broker_config, running_broker
 
 BrokerFactory = Callable[..., Any]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_client(caplog: pytest.LogCaptureFixture) -> None:
+    """danube-client reopens a failed stream at once, logging a warning each time: thousands
+    per second while a broker is down. Keep them out of the captured log."""
+    caplog.set_level(logging.ERROR, logger="danube.consumer")
+
+
+@pytest.fixture
+async def kv(etcd_server: str) -> AsyncIterator[EtcdKV]:
+    store = await EtcdKV.connect([etcd_server], timeout=5.0)
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+def keys(etcd_prefix: str) -> Keys:
+    return Keys(etcd_prefix)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -48,25 +47,6 @@ TOPIC = "/default/cluster"
 LEASE_TTL = 4
 
 StartBroker = Callable[[str], Any]
-
-
-@pytest.fixture(autouse=True)
-def _quiet_client(caplog: pytest.LogCaptureFixture) -> None:
-    """danube-client reopens a failed stream at once, logging a warning each time: thousands
-    per second while a broker is down. Keep them out of the captured log."""
-    caplog.set_level(logging.ERROR, logger="danube.consumer")
-
-
-@pytest.fixture
-async def kv(etcd_server: str) -> AsyncIterator[EtcdKV]:
-    store = await EtcdKV.connect([etcd_server], timeout=5.0)
-    yield store
-    await store.close()
-
-
-@pytest.fixture
-def keys(etcd_prefix: str) -> Keys:
-    return Keys(etcd_prefix)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ read by the new one through the manifest.
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -48,25 +47,6 @@ ORPHANED = "segment ranges orphaned"
 NO_SESSION = "has no live session"
 
 StartBroker = Callable[..., Awaitable[BrokerProcess]]
-
-
-@pytest.fixture(autouse=True)
-def _quiet_client(caplog: pytest.LogCaptureFixture) -> None:
-    """danube-client reopens a failed stream at once, logging a warning each time: thousands
-    per second while a broker is down. Keep them out of the captured log."""
-    caplog.set_level(logging.ERROR, logger="danube.consumer")
-
-
-@pytest.fixture
-async def kv(etcd_server: str) -> AsyncIterator[EtcdKV]:
-    store = await EtcdKV.connect([etcd_server], timeout=5.0)
-    yield store
-    await store.close()
-
-
-@pytest.fixture
-def keys(etcd_prefix: str) -> Keys:
-    return Keys(etcd_prefix)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ known consumer id on ``ReceiveMessages``, and continue the topic's offsets after
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import time
 from pathlib import Path
@@ -47,13 +46,6 @@ LEASE_TTL = 4
 #: Longer than danube-client's health-check interval (5 s): its health loop has failed by then,
 #: so nothing but persisted ids can bring the clients back. Also longer than the lease TTL.
 LONG_OUTAGE = 5.5
-
-
-@pytest.fixture(autouse=True)
-def _quiet_client(caplog: pytest.LogCaptureFixture) -> None:
-    """danube-client reopens a failed stream at once, logging a warning each time: thousands
-    per second while a broker is down. Keep them out of the captured log."""
-    caplog.set_level(logging.ERROR, logger="danube.consumer")
 
 
 async def _next(queue: asyncio.Queue[pb.StreamMessage], timeout: float = 60.0) -> pb.StreamMessage:
