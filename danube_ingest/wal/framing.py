@@ -243,15 +243,18 @@ def messages_frame(topic_id: int, base_offset: int, entries: Sequence[Entry]) ->
     pieces: list[bytes | bytearray] = []
     last_name: str | None = None
     name_b = b""
+    name_len = 0
     for entry in entries:
         name = entry.producer_name
         if name is not last_name:
             name_b = name.encode()
+            name_len = len(name_b)
             last_name = name
         key = entry.routing_key
         schema_id = entry.schema_id
         attrs = entry.attributes
         payload = entry.payload
+        payload_len = len(payload)
         if key is None and schema_id is None and not attrs:
             buf += pack(
                 entry.ingest_ms,
@@ -261,12 +264,13 @@ def messages_frame(topic_id: int, base_offset: int, entries: Sequence[Entry]) ->
                 0,
                 entry.schema_version,
                 0,
-                len(name_b),
+                name_len,
                 0,
                 0,
-                len(payload),
+                payload_len,
             )
-            buf += name_b
+            if name_len:
+                buf += name_b
         else:
             flags = 0
             key_b = b""
@@ -285,10 +289,10 @@ def messages_frame(topic_id: int, base_offset: int, entries: Sequence[Entry]) ->
                 schema_id,
                 entry.schema_version,
                 flags,
-                len(name_b),
+                name_len,
                 len(key_b),
                 len(attrs) if attrs else 0,
-                len(payload),
+                payload_len,
             )
             buf += name_b
             buf += key_b
@@ -299,7 +303,7 @@ def messages_frame(topic_id: int, base_offset: int, entries: Sequence[Entry]) ->
                     buf += _ATTR.pack(len(kb), len(vb))
                     buf += kb
                     buf += vb
-        if len(payload) >= _LARGE_PAYLOAD:
+        if payload_len >= _LARGE_PAYLOAD:
             pieces.append(buf)
             pieces.append(payload)
             buf = bytearray()
