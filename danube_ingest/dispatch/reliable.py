@@ -57,11 +57,15 @@ from danube_ingest.dispatch.errors import ConsumerClosedError
 from danube_ingest.dispatch.keyshared import KeyFilter, routing_key_of
 from danube_ingest.dispatch.membership import Membership
 from danube_ingest.dispatch.policy import DispatchPolicy, PoisonPolicy, SubscriptionType
-from danube_ingest.errors import ConfigError, OffsetOutOfRangeError
+from danube_ingest.errors import ConfigError, DanubeIngestError, OffsetOutOfRangeError
 from danube_ingest.store.topic_store import TopicReader, TopicStore
 from danube_ingest.wal.framing import Entry
 
 log = logging.getLogger(__name__)
+
+#: Backoff of the read loop when the store fails with a retriable error (seconds).
+_READ_RETRY_BASE = 0.1
+_READ_RETRY_MAX = 5.0
 
 CursorCallback = Callable[[int], None]
 """Called with the new cursor each time it advances (e.g. ``ProgressUpdater.set``)."""
@@ -369,6 +373,7 @@ class ReliableSubscription:
     # -- reading ----------------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
+        delay = _READ_RETRY_BASE
         try:
             while True:
                 await self._can_read.wait()
@@ -377,6 +382,24 @@ class ReliableSubscription:
                 except OffsetOutOfRangeError as exc:
                     self._skip_to(exc.first_offset)
                     continue
+                except DanubeIngestError as exc:
+                    if not exc.retriable:
+                        raise
+                    # An object store or etcd that is away for a while (reading below the WAL
+                    # floor): keep the subscription, try the same offset again.
+                    log.warning(
+                        "dispatch read failed, retrying in %.1fs topic=%s subscription=%s "
+                        "offset=%d error=%s",
+                        delay,
+                        self.topic,
+                        self.name,
+                        self._read_next,
+                        exc,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _READ_RETRY_MAX)
+                    continue
+                delay = _READ_RETRY_BASE
                 if not batch:  # the store closed
                     self._reader_done = True
                     self._can_read.clear()

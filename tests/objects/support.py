@@ -48,6 +48,7 @@ class ColdStack:
         max_wal_bytes: int | None = None,
         segment_bytes: int = 64 * 1024,
         lease_ttl: int = 5,
+        cache_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self.kv = kv
         self.keys = keys
@@ -59,6 +60,7 @@ class ColdStack:
         self.max_wal_bytes = max_wal_bytes
         self.segment_bytes = segment_bytes
         self.lease_ttl = lease_ttl
+        self.cache_bytes = cache_bytes
         self.manifest = Manifest(kv, keys)
 
     async def open(self) -> ColdStack:
@@ -72,6 +74,8 @@ class ColdStack:
             segment_bytes=self.segment_bytes,
             segment_seconds=3600,
             max_wal_bytes=self.max_wal_bytes,
+            cache_max_bytes=self.cache_bytes,
+            cache_topic_max_bytes=min(self.cache_bytes, 8 * 1024 * 1024),
         )
         self.store.attach_cloud(CloudReader(self.manifest, self.objects))
         self.uploader = SegmentUploader(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from danube_ingest.dispatch import DispatchPolicy, ReliableSubscription, SubscriptionType
 from danube_ingest.errors import WalBackpressureError
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.metadata.marks import PruneMarks
@@ -464,3 +466,52 @@ async def test_a_torn_object_under_the_brokers_own_key_is_replaced(stack: ColdSt
     await stack.seal_and_upload()
     assert parse_object(await stack.objects.get(key), key).topics[T].entries == 50
     assert_one_line(await stack.manifest.ranges(T), 50)
+
+
+async def test_a_subscription_behind_the_wal_waits_out_an_object_store_outage(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    moto = MotoServer()
+    moto.start()
+    moto.create_bucket("cold")
+    objects = ObjectStore("s3", options=moto.options("cold"), retry=FAST_RETRY, timeout=1.0)
+    stack = await ColdStack(etcd_kv, keys, objects, tmp_path / "wal", cache_bytes=16 * 1024).open()
+    subscription = None
+    try:
+        await stack.acquire(T)
+        stack.uploader.start()
+        sent = payloads(T, 300)
+        await stack.append(T, sent)
+        await stack.seal_and_upload()
+        assert await prune_all(stack, T)
+        assert stack.store.info(T).first_offset == 300  # type: ignore[union-attr]
+
+        assert moto.process is not None
+        os.kill(moto.process.pid, signal.SIGSTOP)  # the store stops answering: reads time out
+        try:
+            subscription = ReliableSubscription(
+                "late", T, SubscriptionType.EXCLUSIVE, stack.store, 0, DispatchPolicy(), None
+            )
+            handle = subscription.attach(1, "c")
+            first = asyncio.ensure_future(handle.next())
+            deadline = time.monotonic() + 20
+            while caplog.text.count("dispatch read failed, retrying") < 2:  # failed, retried
+                assert time.monotonic() < deadline, caplog.text[-2000:]
+                await asyncio.sleep(0.1)
+            assert not first.done()  # waiting, not failed: the subscription is still there
+            assert not subscription.closed
+        finally:
+            os.kill(moto.process.pid, signal.SIGCONT)
+        got = [(await asyncio.wait_for(first, 30)).entry]
+        while len(got) < 300:
+            delivery = await asyncio.wait_for(handle.next(), 30)
+            got.append(delivery.entry)
+            subscription.ack(delivery.entry.offset)
+        subscription.ack(got[0].offset)
+        assert [e.offset for e in got] == list(range(300))
+        assert [e.payload for e in got] == sent
+    finally:
+        if subscription is not None:
+            await subscription.close()
+        await stack.close()
+        moto.stop()
