@@ -44,6 +44,7 @@ import contextlib
 import functools
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -195,6 +196,9 @@ class UploaderStats:
     last_error: str | None = None
     orphans: dict[tuple[str, int], list[str]] = field(default_factory=dict)
     """(region, seq) -> topics whose range could not be committed (owned elsewhere)."""
+    last_lag_ms: float = 0.0
+    """Seal (or start, for segments left from before it) to commit of the last segment."""
+    max_lag_ms: float = 0.0
 
 
 class SegmentUploader:
@@ -229,6 +233,7 @@ class SegmentUploader:
         self._started = False
         #: Segments left from before this start: their topics may have changed hands since.
         self._recovered: set[tuple[str, int]] = set()
+        self._queued_at: dict[tuple[str, int], float] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -289,6 +294,7 @@ class SegmentUploader:
             return
         queued.add(seq)
         self._queues[region].append(seq)
+        self._queued_at[(region, seq)] = time.monotonic()
         self._wakeups[region].set()
 
     async def _worker(self, region: RegionLog) -> None:
@@ -312,6 +318,7 @@ class SegmentUploader:
                         )
                     queue.popleft()
                     self._queued[name].discard(seq)
+                    self._queued_at.pop((name, seq), None)
             finally:
                 for task in prepared:
                     task.cancel()
@@ -423,13 +430,18 @@ class SegmentUploader:
         if seq in region.sealed:
             region.mark_uploaded(seq)
         self.stats.segments += 1
+        queued_at = self._queued_at.pop((region.region, seq), None)
+        lag_ms = 0.0 if queued_at is None else (time.monotonic() - queued_at) * 1000
+        self.stats.last_lag_ms = lag_ms
+        self.stats.max_lag_ms = max(self.stats.max_lag_ms, lag_ms)
         log.info(
-            "segment uploaded key=%s bytes=%d topics=%d committed=%d already=%d",
+            "segment uploaded key=%s bytes=%d topics=%d committed=%d already=%d lag_ms=%.0f",
             obj.key,
             obj.size,
             len(ranges),
             len(result.committed),
             len(result.already),
+            lag_ms,
         )
         for listener in self._listeners:
             listener(region.region, seq)

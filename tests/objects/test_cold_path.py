@@ -86,6 +86,7 @@ async def test_every_sealed_segment_becomes_one_object_and_one_line_of_ranges(
     assert keys == [segment_key("b1", "r0", seq) for seq in sealed]
     assert stack.objects.stats.puts == len(sealed)
     assert stack.uploader.stats.segments == len(sealed)
+    assert 0 < stack.uploader.stats.last_lag_ms <= stack.uploader.stats.max_lag_ms < 20_000
     for t in topics:
         ranges = await stack.manifest.ranges(t)
         assert_one_line(ranges, 400)
