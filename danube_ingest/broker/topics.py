@@ -355,8 +355,7 @@ class TopicManager:
         return config
 
     async def _append(self, topic: str, entry: Entry) -> int:
-        info = self._store.info(topic)
-        next_offset = info.next_offset if info is not None else 0
+        next_offset = self._store.next_offset(topic)
         if not self._reservations.covered(topic, next_offset + 1):
             await self._reservations.ensure(topic, next_offset + 1)
         # No await between the reservation check above and staging: the offset assigned

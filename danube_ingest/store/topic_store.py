@@ -166,6 +166,12 @@ class TopicStore:
             meta.next_offset,
         )
 
+    def next_offset(self, topic: str) -> int:
+        """The offset the topic's next append gets (0 for an unknown topic); no allocation."""
+        region = self._topic_region.get(topic)
+        meta = region.topic(topic) if region is not None else None
+        return 0 if meta is None else meta.next_offset
+
     def topics(self) -> list[str]:
         return sorted(self._topic_region)
 
@@ -258,8 +264,14 @@ class TopicStore:
         return info
 
     def _on_durable(self, groups: list[tuple[TopicMeta, list[Entry], int]]) -> None:
-        if self._max_wal_bytes is not None:
-            self.refresh_backpressure()
+        limit = self._max_wal_bytes
+        if limit is not None:
+            # (Inlined refresh_backpressure: this runs once per group commit.)
+            regions = self._regions
+            total = regions[0].disk_bytes
+            for region in regions[1:]:
+                total += region.disk_bytes
+            self._full = total > limit
         cache = self._cache
         for topic, entries, nbytes in groups:
             if entries:
