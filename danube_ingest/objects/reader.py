@@ -7,11 +7,12 @@ A TopicReader positioned below its topic's WAL floor reads through an :class:`Ob
 * each object's footer is fetched with one ranged read (rarely two) and cached, shared by all
   cursors of the CloudReader (LRU, ``footer_cache`` objects);
 * frames are fetched with ranged reads of up to ``read_bytes`` (only the frames from the wanted
-  offset on), and the next read of the same range is prefetched while the caller consumes the
-  current one.
+  offset on), and ``prefetch`` further reads of the same range are in flight while the caller
+  consumes the current one. Decompression and decoding run in worker threads, off the event
+  loop; zstd and lz4 release the GIL, so in-flight reads decompress in parallel.
 
-Memory per cursor is bounded by two reads (the current one and the prefetched one, decoded;
-decoding runs in a worker thread, off the event loop).
+Memory per cursor is bounded by ``prefetch + 1`` reads of at most ``read_bytes``, decoded
+(the default: 3 x 4 MiB of stored bytes).
 Offsets missing between two manifest ranges were jumped over (a takeover's reservation gap)
 and never existed; the cursor passes over them, as WAL readers do.
 """
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 #: Bytes fetched per ranged read of frames.
 READ_BYTES = 4 * 1024 * 1024
+#: Reads a cursor keeps in flight beyond the one being consumed.
+PREFETCH = 2
 #: Footers kept in memory (shared by every cursor of a CloudReader).
 FOOTER_CACHE = 256
 
@@ -46,10 +49,12 @@ class CloudReader:
         *,
         read_bytes: int = READ_BYTES,
         footer_cache: int = FOOTER_CACHE,
+        prefetch: int = PREFETCH,
     ) -> None:
         self.manifest = manifest
         self.objects = objects
         self.read_bytes = read_bytes
+        self.prefetch = prefetch
         self._footer_cache = footer_cache
         self._footers: OrderedDict[str, Footer] = OrderedDict()
         self._loading: dict[str, asyncio.Future[Footer]] = {}
@@ -97,14 +102,18 @@ class ObjectCursor:
         self._frames: deque[FrameRef] = deque()
         self._entries: list[Entry] = []
         self._pos = 0
-        self._prefetch: asyncio.Task[tuple[list[FrameRef], list[Entry]]] | None = None
+        #: Reads in flight, in order: (their frames, the task reading and decoding them).
+        self._inflight: deque[tuple[list[FrameRef], asyncio.Task[list[Entry]]]] = deque()
 
     def close(self) -> None:
-        if self._prefetch is not None:
-            self._prefetch.cancel()
-            self._prefetch = None
+        self._cancel_inflight()
         self._entries = []
         self._frames.clear()
+
+    def _cancel_inflight(self) -> None:
+        for _, task in self._inflight:
+            task.cancel()
+        self._inflight.clear()
 
     async def read(self, nxt: int, max_batch: int) -> tuple[list[Entry], int]:
         """Entries from offset ``nxt`` on (at most ``max_batch``), and the offset reached.
@@ -124,7 +133,7 @@ class ObjectCursor:
                 return batch, batch[-1].offset + 1
             self._entries = []
             self._pos = 0
-            if self._frames:
+            if self._frames or self._inflight:
                 try:
                     await self._load_frames(nxt)
                 except ObjectNotFoundError:
@@ -176,34 +185,44 @@ class ObjectCursor:
         return ranges[0] if ranges else None
 
     def _reset(self) -> None:
-        if self._prefetch is not None:
-            self._prefetch.cancel()
-            self._prefetch = None
+        self._cancel_inflight()
         self._ranges.clear()
         self._frames.clear()
         self._range = None
 
     async def _load_frames(self, nxt: int) -> None:
-        """Decode the next read of frames into the entry buffer; prefetch the one after."""
+        """Decode the next read of frames into the entry buffer; keep ``prefetch`` more reads
+        in flight behind it (their decoding overlaps: zstd and lz4 release the GIL)."""
+        inflight = self._inflight
+        while inflight and inflight[0][0][-1].last_offset < nxt:
+            inflight.popleft()[1].cancel()  # the reader moved past them
         frames = self._frames
-        while frames and frames[0].last_offset < nxt:
-            frames.popleft()
-        if not frames:
+        if not inflight:
+            while frames and frames[0].last_offset < nxt:
+                frames.popleft()
+        self._schedule()
+        if not inflight:
             return
-        prefetch = self._prefetch
-        self._prefetch = None
-        if prefetch is not None:
-            refs, entries = await prefetch
-            if not refs or refs[0] is not frames[0]:
-                refs, entries = await self._fetch(self._take())
-        else:
-            refs, entries = await self._fetch(self._take())
-        for _ in refs:
-            frames.popleft()
-        if frames:
-            self._prefetch = asyncio.ensure_future(self._fetch(self._take()))
+        _, task = inflight.popleft()
+        try:
+            entries = await task
+        except BaseException:
+            self._cancel_inflight()
+            raise
+        self._schedule()
         self._entries = entries
         self._pos = 0
+
+    def _schedule(self) -> None:
+        """Start reads until ``prefetch + 1`` are in flight or no frame is left."""
+        while self._frames and len(self._inflight) <= self._cloud.prefetch:
+            refs = self._take()
+            for _ in refs:
+                self._frames.popleft()
+            rng = self._range
+            assert rng is not None
+            task = asyncio.ensure_future(self._fetch(rng.object_key, refs))
+            self._inflight.append((refs, task))
 
     def _take(self) -> list[FrameRef]:
         """The frames of the next read: consecutive, at least one, at most ``read_bytes``."""
@@ -220,19 +239,16 @@ class ObjectCursor:
             total += ref.length
         return refs
 
-    async def _fetch(self, refs: list[FrameRef]) -> tuple[list[FrameRef], list[Entry]]:
+    async def _fetch(self, key: str, refs: list[FrameRef]) -> list[Entry]:
         """Read and decode ``refs``. Decompression and decoding run in a worker thread: zstd
         and lz4 release the GIL (so they overlap with the event loop's work), and the loop is
         never blocked for the tens of milliseconds a 4 MiB read takes to decode."""
-        rng = self._range
-        assert rng is not None
-        key = rng.object_key
         start = refs[0].position
         size = refs[-1].position + refs[-1].length - start
         data = await self._cloud.objects.get_range(key, start, size)
         if len(data) != size:
             raise ObjectFormatError(key, start, f"ranged read returned {len(data)} of {size} bytes")
-        return refs, await asyncio.to_thread(_decode_frames, data, refs, key)
+        return await asyncio.to_thread(_decode_frames, data, refs, key)
 
 
 def _decode_frames(data: bytes, refs: list[FrameRef], key: str) -> list[Entry]:
