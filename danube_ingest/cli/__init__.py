@@ -12,10 +12,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from danube_ingest.cli import admin, broker, client, wal
+from danube_ingest.cli import admin, broker, client, objects, wal
 from danube_ingest.errors import DanubeIngestError
 
-_GROUPS = (broker, client, admin, wal)
+_GROUPS = (broker, client, admin, wal, objects)
 
 
 def build_parser() -> argparse.ArgumentParser:

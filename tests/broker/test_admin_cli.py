@@ -66,3 +66,44 @@ async def test_topics_subscriptions_and_status(
         assert "brokers (1 live):" in out and "broker-1" in out
         assert "topics: 1" in out
         assert "clients: 1 producers, 1 consumers registered" in out
+
+
+async def test_objects_verify_finds_a_damaged_object(
+    make_broker: BrokerFactory,
+    etcd_server: str,
+    etcd_prefix: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    broker: Broker = await make_broker(
+        **{"storage.mode": "wal_cloud", "storage.wal.segment_seconds": 0.5}
+    )
+    async with Clients(broker.url) as clients:
+        producer = await clients.producer(T, "p1")
+        for i in range(20):
+            await producer.send(f"m{i}".encode())
+        assert broker.uploader is not None
+        await eventually(lambda: broker.uploader.stats.ranges >= 1)  # type: ignore[union-attr]
+    argv = (
+        "objects",
+        "verify",
+        "--data-dir",
+        str(broker.data_dir),
+        "--etcd",
+        etcd_server,
+        "--prefix",
+        etcd_prefix,
+        "--deep",
+    )
+    out = await run_cli(capsys, *argv)
+    assert f"topic {T}:" in out and ": ok" in out, out
+
+    # Damage one object on disk: verify says which and exits 1.
+    objects = sorted((broker.data_dir / "objects").rglob("*.bin"))
+    assert objects
+    data = bytearray(objects[0].read_bytes())
+    data[20] ^= 0x01
+    objects[0].write_bytes(bytes(data))
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, list(argv)) == 1
+    out = capsys.readouterr().out
+    assert "PROBLEMS" in out and objects[0].name in out and "CRC32C" in out, out

@@ -1,0 +1,82 @@
+"""``danube-ingest objects verify``: check the manifest against the object store.
+
+Reads the manifest from etcd and every object it names (see
+:mod:`danube_ingest.objects.verify`); changes nothing. Exits 1 when a range and its object
+disagree (missing object, wrong size or CRC, a footer that does not match, with ``--deep`` a
+frame that does not decode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from danube_ingest.config import load_config
+from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.keys import Keys
+from danube_ingest.metadata.manifest import Manifest
+from danube_ingest.metadata.records import Records
+from danube_ingest.objects.store import ObjectStore
+from danube_ingest.objects.verify import TopicReport, verify_topic
+
+
+def register(commands: Any) -> None:
+    group = commands.add_parser("objects", help="inspect the object store and its manifest")
+    sub = group.add_subparsers(dest="objects_command", required=True, metavar="ACTION")
+    text = "check every manifest range against its object; change nothing"
+    cmd = sub.add_parser("verify", help=text, description=text)
+    cmd.add_argument("--config", help="broker config file (object store, etcd)")
+    cmd.add_argument("--data-dir", help="broker data directory (fs objects under DATA_DIR/objects)")
+    cmd.add_argument("--etcd", help="etcd endpoint URL(s), comma-separated (default: the config's)")
+    cmd.add_argument("--prefix", help="metadata key prefix (default: the config's)")
+    cmd.add_argument(
+        "--topic", action="append", help="only this topic (repeatable; default: every topic)"
+    )
+    cmd.add_argument(
+        "--deep", action="store_true", help="also decode every frame (reads every entry)"
+    )
+    cmd.set_defaults(handler=_verify)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    return asyncio.run(_verify_async(args))
+
+
+async def _verify_async(args: argparse.Namespace) -> int:
+    overrides = {"broker.data_dir": args.data_dir} if args.data_dir else None
+    config = load_config(args.config, overrides)
+    endpoints = args.etcd.split(",") if args.etcd else config.etcd.endpoints
+    keys = Keys(args.prefix or config.etcd.prefix)
+    objects = ObjectStore.from_config(config)
+    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    try:
+        topics = args.topic or [
+            record.name for record in await Records(kv, keys).list_topics() if record.reliable
+        ]
+        manifest = Manifest(kv, keys)
+        print(f"objects: {objects.description}")
+        bad = 0
+        for topic in topics:
+            report = await verify_topic(manifest, objects, topic, deep=args.deep)
+            _print(report)
+            bad += bool(report.problems)
+    finally:
+        await kv.close()
+        await objects.close()
+    return 1 if bad else 0
+
+
+def _print(report: TopicReport) -> None:
+    if not report.ranges and not report.problems:
+        print(f"topic {report.topic}: nothing in objects")
+        return
+    print(
+        f"topic {report.topic}: {report.ranges} ranges, offsets "
+        f"{report.first_offset}..{report.end_offset}, {report.entries} entries, "
+        f"{report.bytes} bytes: {'PROBLEMS' if report.problems else 'ok'}"
+    )
+    for start, end in report.gaps:
+        print(f"  no offsets {start}..{end} (never assigned, or never committed by a broker)")
+    for problem in report.problems:
+        print(f"  {problem}")
