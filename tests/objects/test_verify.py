@@ -7,7 +7,7 @@ import dataclasses
 from danube_ingest.metadata.kv import Put
 from danube_ingest.objects.verify import verify_topic
 
-from .test_reader import T, Setup
+from .test_reader import Setup, T
 
 
 async def test_an_intact_topic_verifies_and_gaps_are_listed() -> None:
