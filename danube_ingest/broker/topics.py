@@ -16,6 +16,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -483,16 +484,17 @@ class TopicManager:
             self._store,
             start,
             self._policy,
-            on_cursor=lambda offset: self._cursor_advanced(topic, name, offset),
+            on_cursor=functools.partial(
+                self._cursor_advanced, topic, self._keys.subscription_cursor(topic, name)
+            ),
             dead_letter=lambda entry, attrs: self._dead_letter(topic, entry, attrs),
         )
         runtime.subscriptions[name] = sub
         return sub
 
-    def _cursor_advanced(self, topic: str, subscription: str, cursor: int) -> None:
-        self._progress.set(
-            topic, self._keys.subscription_cursor(topic, subscription), encode_cursor(cursor)
-        )
+    def _cursor_advanced(self, topic: str, key: str, cursor: int) -> None:
+        """Called on every ack that advances a cursor (``key``: computed once)."""
+        self._progress.set(topic, key, encode_cursor(cursor))
 
     async def _dead_letter(self, topic: str, entry: Entry, attributes: dict[str, str]) -> None:
         dlq = self._policy.dead_letter_topic_for(topic)

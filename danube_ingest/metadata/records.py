@@ -130,8 +130,12 @@ class ClientRecord(_JsonRecord):
 
 
 def encode_cursor(offset: int) -> bytes:
-    """A cursor's stored value ``{"offset": N}`` (for ``ProgressUpdater.set``)."""
-    return json.dumps({"offset": offset}).encode()
+    """A cursor's stored value ``{"offset": N}`` (for ``ProgressUpdater.set``).
+
+    Called on every ack that advances a cursor: formatted directly, not through ``json``
+    (the same bytes ``json.dumps`` writes for an int).
+    """
+    return b'{"offset": %d}' % offset
 
 
 def decode_cursor(data: bytes, key: str = "?") -> int:
