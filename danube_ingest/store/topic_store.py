@@ -75,6 +75,8 @@ class TopicStore:
         self._cloud: CloudReader | None = None
         self._max_wal_bytes = max_wal_bytes
         self._full = False
+        #: Called when the WAL reaches its size limit (the broker wakes its cleaner with it).
+        self.on_full: Callable[[], None] | None = None
         self._topic_region: dict[str, RegionLog] = {}
         for region in regions:
             for topic in region.topics():
@@ -271,7 +273,10 @@ class TopicStore:
             total = regions[0].disk_bytes
             for region in regions[1:]:
                 total += region.disk_bytes
-            self._full = total > limit
+            full = total > limit
+            if full and not self._full and self.on_full is not None:
+                self.on_full()
+            self._full = full
         cache = self._cache
         for topic, entries, nbytes in groups:
             if entries:

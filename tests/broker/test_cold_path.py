@@ -116,3 +116,27 @@ async def test_segments_are_uploaded_once_each(make_broker: BrokerFactory) -> No
 def _no_env_leak(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name, raising=False)
+
+
+async def test_a_full_wal_is_cleaned_at_once_not_at_the_next_pass(
+    make_broker: BrokerFactory,
+) -> None:
+    # local_only: the WAL is the only copy and retention.max_bytes bounds it (oldest data
+    # goes first). The cleaner's periodic pass is far away: a full WAL must wake it.
+    broker: Broker = await make_broker(
+        **{
+            "storage.wal.segment_bytes": "64KiB",
+            "storage.wal.retention.max_bytes": "256KiB",
+            "storage.wal.retention.check_seconds": 600,
+        }
+    )
+    assert broker.store is not None and broker.cleaner is not None
+    async with Clients(broker.url) as clients:
+        producer = await clients.producer(T, "p1")
+        async with asyncio.timeout(60):
+            for i in range(2000):  # ~1.1 MB through a 256 KiB WAL
+                await producer.send(f"m{i}".encode().ljust(500, b"."))
+    assert broker.cleaner.stats.forced > 0
+    assert broker.store.wal_bytes() <= 256 * 1024 + 2 * 64 * 1024
+    info = broker.store.info(T)
+    assert info is not None and info.first_offset > 0 and info.high_watermark == 2000
