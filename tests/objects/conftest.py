@@ -3,6 +3,7 @@
 * ``object_store``: the same test on ``memory``, ``fs`` (a tmp dir) and ``s3`` (the session's
   moto server, a fresh root per test in a shared bucket), for the contract suite.
 * ``s3_bucket`` (session): that shared bucket.
+* ``stack``: a broker's cold path (``support.ColdStack``) on the real etcd over ``object_store``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.objects.store import ObjectStore, RetryPolicy
 from danube_ingest.testing import MotoServer
+
+from .support import ColdStack
 
 #: Retries that give up within milliseconds: no contract test expects a transient error, and a
 #: broken one should fail fast instead of sleeping through the default backoff.
@@ -42,3 +46,13 @@ async def object_store(
         store = ObjectStore("s3", options=server.options(bucket, root), retry=FAST_RETRY)
     yield store
     await store.close()
+
+
+@pytest.fixture
+async def stack(
+    etcd_kv: EtcdKV, keys: Keys, object_store: ObjectStore, tmp_path: Path
+) -> AsyncIterator[ColdStack]:
+    """The cold path of one broker (see ``support.ColdStack``) over ``object_store``."""
+    s = await ColdStack(etcd_kv, keys, object_store, tmp_path / "wal").open()
+    yield s
+    await s.close()

@@ -17,14 +17,43 @@ from danube_ingest.config.models import RetentionConfig
 from danube_ingest.metadata import BrokerSession, Keys, Ownership
 from danube_ingest.metadata.kv import KV
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
+from danube_ingest.metadata.marks import PruneMarks
 from danube_ingest.objects.cleaner import WalCleaner
 from danube_ingest.objects.reader import CloudReader
 from danube_ingest.objects.store import ObjectStore, RetryPolicy
 from danube_ingest.objects.uploader import SegmentUploader
-from danube_ingest.store import TopicStore
+from danube_ingest.store import TopicReader, TopicStore
 from danube_ingest.wal.framing import Entry
 
 FAST_RETRY = RetryPolicy(max_retries=2, base_delay=0.01, max_delay=0.05)
+
+T = "/default/cold"
+
+
+def payloads(topic: str, n: int, start: int = 0, size: int = 300) -> list[bytes]:
+    return [f"{topic}:{i}:".encode().ljust(size, b".") for i in range(start, start + n)]
+
+
+async def read_n(reader: TopicReader, n: int, timeout: float = 20.0) -> list[Entry]:
+    """The reader's next ``n`` entries (fails if they do not come within ``timeout``)."""
+    out: list[Entry] = []
+
+    async def run() -> None:
+        while len(out) < n:
+            out.extend(await reader.next_batch())
+
+    await asyncio.wait_for(run(), timeout)
+    return out
+
+
+async def prune_all(stack: ColdStack, *topics: str) -> list[tuple[str, int]]:
+    """Mark every topic fully prunable (what Dagster does once all is consumed) and clean."""
+    marks = PruneMarks(stack.kv, stack.keys)
+    for topic in topics:
+        info = stack.store.info(topic)
+        assert info is not None
+        await marks.set_mark(stack.broker_id, info.region, topic, info.high_watermark)
+    return await stack.cleaner.clean_once()
 
 
 def retention(**values: Any) -> RetentionConfig:
