@@ -309,6 +309,16 @@ class TopicStore:
                         waiter.set_result(None)
 
 
+class _Gap(Exception):
+    """The WAL holds no entry of the topic in ``[start, end)`` (raised only with a cloud
+    attached: another broker may have owned the topic then, and objects may hold them)."""
+
+    def __init__(self, start: int, end: int) -> None:
+        super().__init__(start, end)
+        self.start = start
+        self.end = end
+
+
 class TopicReader:
     """Async iterator over one topic's entries from a starting offset. See :class:`TopicStore`."""
 
@@ -394,8 +404,6 @@ class TopicReader:
                     self._next = batch[-1].offset + 1
                     return batch
                 continue
-            if self._cold is not None:
-                self._close_cold()
             hwm = topic.hwm
             if nxt < hwm:
                 batch = store._cache.read(topic, nxt, self._max_batch)
@@ -408,7 +416,15 @@ class TopicReader:
                         if store._cloud is None:
                             raise
                         continue  # segments were pruned under the read: go on from objects
+                    except _Gap as gap:
+                        batch = await self._read_gap(gap.start, gap.end)
+                        if not batch:
+                            continue
+                        self._next = batch[-1].offset + 1
+                        return batch
                 if batch:
+                    if self._cold is not None:
+                        self._close_cold()
                     self._next = batch[-1].offset + 1
                     return batch
                 continue
@@ -444,6 +460,26 @@ class TopicReader:
         self._next = max(nxt, min(reached, floor)) if reached > nxt else max(nxt, floor)
         return []
 
+    async def _read_gap(self, start: int, end: int) -> list[Entry]:
+        """Entries of ``[start, end)``, where this broker's WAL holds none, from objects.
+
+        Such a gap is usually offsets nobody ever assigned (a takeover skips ahead to its
+        reservation), but if the topic was owned by another broker in between (it moved away
+        and back, e.g. in a rolling restart) that broker's entries are there, in objects.
+        """
+        topic = self._topic
+        cloud = self._store._cloud
+        assert cloud is not None
+        cursor = self._cold
+        if cursor is None:
+            cursor = self._cold = cloud.cursor(topic.name)
+        entries, reached = await cursor.read(start, self._max_batch)
+        if entries:
+            # Entries at or past ``end`` are the WAL's own too (uploaded): the same ones.
+            return entries
+        self._next = max(start, min(reached, end)) if reached > start else end
+        return []
+
     async def _read_segments(self, nxt: int, limit: int) -> list[Entry]:
         """Entries [nxt, limit) from segment files, at most ``max_batch`` of them."""
         topic = self._topic
@@ -454,16 +490,27 @@ class TopicReader:
             located = topic.locate(nxt)
             if located is None:
                 # No entry at or after nxt below the high watermark: a jump at the end.
+                if not out and self._store._cloud is not None:
+                    raise _Gap(nxt, limit)
                 nxt = limit
                 break
             span, position = located
             if span.first_offset > nxt:
-                # Offsets [nxt, span.first_offset) were jumped over: they never existed.
+                # Offsets [nxt, span.first_offset) were jumped over: not in this WAL.
+                if out:
+                    break
+                if self._store._cloud is not None:
+                    raise _Gap(nxt, min(span.first_offset, limit))
                 nxt = span.first_offset
-                if out or nxt >= limit:
+                if nxt >= limit:
                     break
             stop = min(limit, span.last_offset + 1)
-            reached = await self._scan_segment(span.seq, position, nxt, stop, out)
+            try:
+                reached = await self._scan_segment(span.seq, position, nxt, stop, out)
+            except _Gap:
+                if out:
+                    break  # return what precedes the gap; the next call meets it first
+                raise
             if reached == nxt:
                 if nxt < topic.first_offset:  # the segment was deleted under the read
                     raise OffsetOutOfRangeError(topic.name, nxt, topic.first_offset)
@@ -508,6 +555,8 @@ class TopicReader:
                 if header.base_offset + header.num_entries <= nxt:
                     continue
                 if header.base_offset > nxt:
+                    if self._store._cloud is not None:
+                        raise _Gap(nxt, min(header.base_offset, stop))
                     nxt = min(header.base_offset, stop)  # offsets jumped over
                     if nxt >= stop:
                         break

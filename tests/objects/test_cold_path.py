@@ -187,3 +187,43 @@ async def test_a_subscription_behind_the_wal_waits_out_an_object_store_outage(
             await subscription.close()
         await stack.close()
         moto.stop()
+
+
+async def test_a_topic_back_from_another_broker_reads_that_brokers_entries_from_objects(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
+) -> None:
+    # a owns the topic, then b (a rolling restart), then a again: a's WAL has a hole where
+    # b's entries are, and those are in objects.
+    objects = ObjectStore.memory()
+    a = await ColdStack(etcd_kv, keys, objects, tmp_path / "a", broker_id="a").open()
+    b = await ColdStack(etcd_kv, keys, objects, tmp_path / "b", broker_id="b").open()
+    try:
+        a.uploader.start()
+        b.uploader.start()
+        await a.acquire(T)
+        await a.append(T, payloads(T, 100))
+        await a.seal_and_upload()
+        await a.ownership.release(T)
+
+        await b.acquire(T)
+        await b.store.ensure_topic(T, min_next_offset=1000)
+        await b.append(T, payloads(T, 100, 1000))
+        await b.seal_and_upload()
+        await b.ownership.release(T)
+
+        await a.acquire(T)
+        await a.store.ensure_topic(T, min_next_offset=2000)
+        await a.append(T, payloads(T, 100, 2000))
+        info = a.store.info(T)
+        assert info is not None and info.first_offset == 0  # a's own old entries are local
+
+        expected = [*range(100), *range(1000, 1100), *range(2000, 2100)]
+        for start, max_batch in ((0, 1024), (0, 7), (50, 64), (1050, 64), (150, 10)):
+            reader = a.store.create_reader(T, start, max_batch=max_batch)
+            want = [o for o in expected if o >= start]
+            got = await read_n(reader, len(want))
+            assert [e.offset for e in got] == want
+            reader.close()
+    finally:
+        await a.close()
+        await b.close()
