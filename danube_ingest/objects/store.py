@@ -64,6 +64,7 @@ import random
 import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -73,6 +74,7 @@ from opendal.layers import TimeoutLayer
 
 from danube_ingest.config import BrokerConfig, UploaderConfig
 from danube_ingest.errors import ConfigError, ObjectNotFoundError, ObjectStoreError
+from danube_ingest.wal.meta import fsync_dir
 
 __all__ = ["STAGING_PREFIX", "ObjectStore", "RetryPolicy", "StoreStats"]
 
@@ -189,6 +191,8 @@ class ObjectStore:
         self._scheme = scheme
         self._retry = retry
         self._description = description or _describe(scheme, options)
+        #: fs only: the root directory, whose entries are fsync'ed after each write.
+        self._fs_root = Path(options["root"]) if scheme == "fs" and options.get("root") else None
         self._secrets = tuple(
             value
             for name, value in options.items()
@@ -272,6 +276,7 @@ class ObjectStore:
         self.stats.puts += 1
         op = self._operator("put", key)
         await self._call("put", key, lambda: op.write(key, data))
+        await self._sync_dirs(key)
         self.stats.bytes_written += len(data)
 
     async def put_if_absent(self, key: str, data: bytes) -> bool:
@@ -293,6 +298,7 @@ class ObjectStore:
 
         written = await self._call("put_if_absent", key, attempt)
         if written:
+            await self._sync_dirs(key)
             self.stats.bytes_written += len(data)
         return written
 
@@ -428,9 +434,38 @@ class ObjectStore:
         await writer.close()
         return written
 
+    async def _sync_dirs(self, key: str) -> None:
+        """fs: make the new object's directory entries durable.
+
+        opendal's fs backend fsyncs the file it wrote but not the directories: after a power
+        loss the object could be gone while the manifest (committed after the PUT returned)
+        names it, and the WAL segment it came from deleted. Each directory from the object's
+        up to the root is fsync'ed (new ones were created by this write).
+        """
+        root = self._fs_root
+        if root is None:
+            return
+
+        def sync() -> None:
+            directory = (root / key).parent
+            while True:
+                fsync_dir(directory)
+                if directory == root or root not in directory.parents:
+                    break
+                directory = directory.parent
+
+        try:
+            await asyncio.to_thread(sync)
+        except OSError as exc:
+            raise ObjectStoreError(
+                f"fsync of the directories of {key} in {self._description} failed: {exc}",
+                retriable=True,
+            ) from exc
+
     async def _move(self, op: opendal.AsyncOperator, source: str, target: str) -> None:
         if self._can_rename:  # fs: atomic
             await self._call("put_large", target, lambda: op.rename(source, target))
+            await self._sync_dirs(target)
         elif self._can_copy:  # s3, gcs: server-side copy
             await self._call("put_large", target, lambda: op.copy(source, target))
         else:  # memory
