@@ -480,3 +480,37 @@ def test_invalid_options_are_a_fatal_error() -> None:
         ObjectStore("s3", options={"bucket": "b", "secret_access_key": SECRET})
     assert not info.value.retriable
     assert "s3://b" in str(info.value)
+
+
+async def test_gcs_from_config_reaches_its_endpoint() -> None:
+    # No GCS server runs here (gcp-storage-emulator ignores if_not_exists and answers 501 to
+    # multipart uploads): this shows the configuration reaches opendal's gcs backend (bucket,
+    # root, endpoint, options) and that an unreachable endpoint is a retriable error.
+    port = free_port()
+    config = load_config(
+        None,
+        {
+            "storage.cloud.backend": "gcs",
+            "storage.cloud.bucket": "b1",
+            "storage.cloud.root": "danube",
+            "storage.cloud.endpoint": f"http://127.0.0.1:{port}",
+            "storage.cloud.options": {
+                "allow_anonymous": "true",
+                "disable_vm_metadata": "true",
+                "disable_config_load": "true",
+            },
+            "storage.uploader.max_retries": 1,
+            "storage.uploader.retry_base_ms": 10,
+        },
+    )
+    store = ObjectStore.from_config(config)
+    try:
+        assert store.scheme == "gcs"
+        assert store.description == f"gcs://b1/danube (endpoint http://127.0.0.1:{port})"
+        with pytest.raises(ObjectStoreError) as info:
+            await store.put("x/y.bin", b"1")
+        assert info.value.retriable
+        assert "Connection refused" in str(info.value)
+        assert store.stats.retries == 1
+    finally:
+        await store.close()
