@@ -9,6 +9,7 @@ asserts on timing.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.metadata.records import Records
+from danube_ingest.testing import BrokerProcess
 
 #: Seconds to wait for a message that is expected (generous: CI machines stall).
 RECEIVE_TIMEOUT = 10.0
@@ -244,3 +246,16 @@ def message(producer_id: int, topic: str, payload: bytes = b"x", **fields: Any) 
         producer_name=fields.pop("producer_name", "raw"),
         **fields,
     )
+
+
+async def stop_all(brokers: Iterable[BrokerProcess]) -> None:
+    """Stop broker processes (resuming paused ones first); raise the first that hung."""
+    hung: list[RuntimeError] = []
+    for broker in brokers:
+        broker.kill(signal.SIGCONT)  # a paused broker could not act on SIGTERM
+        try:
+            await asyncio.to_thread(broker.stop)
+        except RuntimeError as exc:  # it did not exit (and was killed): stop the others too
+            hung.append(exc)
+    if hung:
+        raise hung[0]

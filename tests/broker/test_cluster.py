@@ -39,6 +39,8 @@ from danube_ingest.metadata.records import decode_cursor
 from danube_ingest.metadata.session import BrokerSession
 from danube_ingest.testing import BrokerProcess
 
+from .support import stop_all
+
 TOPIC = "/default/cluster"
 #: The brokers' lease TTL. BrokerProcess's default, 2 s, leaves a refresh (every TTL/3) 1.3 s
 #: to be answered; on a loaded 2-core machine a broker lost its session that way once in ~15
@@ -69,15 +71,7 @@ async def start_broker(
         return broker
 
     yield start
-    hung: list[RuntimeError] = []
-    for broker in started:
-        broker.kill(signal.SIGCONT)  # a paused broker could not act on SIGTERM
-        try:
-            await asyncio.to_thread(broker.stop)
-        except RuntimeError as exc:  # it did not exit (and was killed): stop the others too
-            hung.append(exc)
-    if hung:
-        raise hung[0]
+    await stop_all(started)
 
 
 def _assert_no_errors(*brokers: BrokerProcess) -> None:

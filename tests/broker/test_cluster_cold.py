@@ -23,6 +23,7 @@ from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
 from danube_ingest.testing import BrokerProcess
 
+from .support import stop_all
 from .test_cluster import (
     LEASE_TTL,
     TOPIC,
@@ -80,15 +81,7 @@ async def start_broker(
         return broker
 
     yield start
-    hung: list[RuntimeError] = []
-    for broker in started:
-        broker.kill(signal.SIGCONT)  # a paused broker could not act on SIGTERM
-        try:
-            await asyncio.to_thread(broker.stop)
-        except RuntimeError as exc:  # it did not exit (and was killed): stop the others too
-            hung.append(exc)
-    if hung:
-        raise hung[0]
+    await stop_all(started)
 
 
 def _error_lines(broker: BrokerProcess) -> list[str]:
