@@ -144,8 +144,14 @@ class EtcdServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._log_file = self.log_path.open("ab")
         try:
+            # Its own session: a Ctrl-C in the terminal reaches only our process, which stops
+            # etcd after everything that still needs it (a broker releasing its topics).
             self._process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         except OSError as exc:
             self._close_log()
