@@ -254,6 +254,7 @@ async def measure(
         "ratio": raw_s / read_s,
         "decompress_s": unzip_s,
         "ceiling_read_plus_decompress": raw_s / (raw_s + unzip_s),
+        "share_of_ceiling": (raw_s / read_s) / (raw_s / (raw_s + unzip_s)),
     }
 
 
