@@ -120,6 +120,11 @@ class WalCleaner:
                 self.stats.failures += 1
                 self.stats.last_error = str(exc)
                 log.warning("wal cleaning pass failed: %s", exc)
+            except Exception as exc:
+                # A bug, not an outage: loudly, and the next pass still runs.
+                self.stats.failures += 1
+                self.stats.last_error = f"unexpected {exc!r}"
+                log.exception("wal cleaning pass failed unexpectedly")
 
     async def clean_once(self) -> list[tuple[str, int]]:
         """One pass over every region; returns the (region, seq) deleted."""

@@ -488,6 +488,14 @@ class SegmentUploader:
                 self.stats.failures += 1
                 self.stats.last_error = f"{what}: {exc}"
                 log.error("upload step failed (will retry in %.1fs) %s: %s", delay, what, exc)
+            except Exception as exc:
+                # A bug, not an outage: say so loudly (with the traceback), but keep the
+                # region's uploads alive rather than let this task die in silence.
+                self.stats.failures += 1
+                self.stats.last_error = f"{what}: unexpected {exc!r}"
+                log.exception(
+                    "upload step failed unexpectedly (will retry in %.1fs) %s", delay, what
+                )
             await asyncio.sleep(random.uniform(delay / 2, delay))
             delay = min(delay * 2, self._retry.max_delay)
 
