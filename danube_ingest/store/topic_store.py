@@ -399,7 +399,7 @@ class TopicReader:
                 # Still cached (the cache outlives pruned segments) or else in objects.
                 batch = store._cache.read(topic, nxt, self._max_batch)
                 if not batch:
-                    batch = await self._read_cold(nxt)
+                    batch = await self._read_objects(nxt, topic.first_offset)
                 if batch:
                     self._next = batch[-1].offset + 1
                     return batch
@@ -417,7 +417,7 @@ class TopicReader:
                             raise
                         continue  # segments were pruned under the read: go on from objects
                     except _Gap as gap:
-                        batch = await self._read_gap(gap.start, gap.end)
+                        batch = await self._read_objects(gap.start, gap.end)
                         if not batch:
                             continue
                         self._next = batch[-1].offset + 1
@@ -436,34 +436,12 @@ class TopicReader:
             finally:
                 self._waiter = None
 
-    async def _read_cold(self, nxt: int) -> list[Entry]:
-        """Entries from ``nxt`` (below the WAL floor) out of the object store; empty when the
-        reader only moved past offsets that do not exist."""
-        topic = self._topic
-        cloud = self._store._cloud
-        if cloud is None:
-            raise OffsetOutOfRangeError(topic.name, nxt, topic.first_offset)
-        cursor = self._cold
-        if cursor is None:
-            cursor = self._cold = cloud.cursor(topic.name)
-        entries, reached = await cursor.read(nxt, self._max_batch)
-        if entries:
-            return entries
-        floor = topic.first_offset
-        if reached == nxt and nxt < floor:
-            # Neither the objects nor the WAL hold [nxt, floor): offsets jumped over when the
-            # topic moved to this broker (its reservation gap, the usual case), or ranges a
-            # previous owner acknowledged but never committed (see the uploader's orphans).
-            log.info(
-                "offsets missing below the WAL floor topic=%s from=%d to=%d", topic.name, nxt, floor
-            )
-        self._next = max(nxt, min(reached, floor)) if reached > nxt else max(nxt, floor)
-        return []
+    async def _read_objects(self, start: int, end: int) -> list[Entry]:
+        """Entries from ``start`` out of the object store, for offsets ``[start, end)`` the WAL
+        does not hold: below its floor, or a gap in it. Empty when the reader only moved past
+        offsets that do not exist (``self._next`` is then advanced, at most to ``end``).
 
-    async def _read_gap(self, start: int, end: int) -> list[Entry]:
-        """Entries of ``[start, end)``, where this broker's WAL holds none, from objects.
-
-        Such a gap is usually offsets nobody ever assigned (a takeover skips ahead to its
+        A gap is usually offsets nobody ever assigned (a takeover skips ahead to its
         reservation), but if the topic was owned by another broker in between (it moved away
         and back, e.g. in a rolling restart) that broker's entries are there, in objects.
         """
@@ -477,7 +455,17 @@ class TopicReader:
         if entries:
             # Entries at or past ``end`` are the WAL's own too (uploaded): the same ones.
             return entries
-        self._next = max(start, min(reached, end)) if reached > start else end
+        if reached == start:
+            # Neither the objects nor the WAL hold [start, end): offsets jumped over when the
+            # topic moved to this broker (its reservation gap, the usual case), or ranges a
+            # previous owner acknowledged but never committed (see the uploader's orphans).
+            log.info(
+                "offsets missing from WAL and objects topic=%s from=%d to=%d",
+                topic.name,
+                start,
+                end,
+            )
+        self._next = min(reached, end) if reached > start else end
         return []
 
     async def _read_segments(self, nxt: int, limit: int) -> list[Entry]:
