@@ -43,7 +43,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -479,9 +478,10 @@ class SegmentUploader:
 
     async def _with_retries(self, what: str, attempt: Callable[[], Awaitable[_T]]) -> _T:
         """Run ``attempt`` until it succeeds, backing off between failures (forever: what is
-        not uploaded is kept, never dropped)."""
-        delay = self._retry.base_delay
+        not uploaded is kept, never dropped), with the object store's own backoff."""
+        retry = 0
         while True:
+            delay = self._retry.delay(retry)
             try:
                 return await attempt()
             except (DanubeIngestError, OSError, LeaseExpiredError, MetadataError) as exc:
@@ -496,8 +496,8 @@ class SegmentUploader:
                 log.exception(
                     "upload step failed unexpectedly (will retry in %.1fs) %s", delay, what
                 )
-            await asyncio.sleep(random.uniform(delay / 2, delay))
-            delay = min(delay * 2, self._retry.max_delay)
+            await asyncio.sleep(delay)
+            retry += 1
 
 
 def _offsets(footer: Footer) -> list[tuple[str, int, int, int]]:
