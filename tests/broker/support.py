@@ -167,6 +167,14 @@ async def wait_until(
         await asyncio.sleep(0.05)
 
 
+async def eventually(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Wait until ``condition()`` holds (a local check, no I/O); fail naming ``what``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
 def offsets(messages: Iterable[Any]) -> list[int]:
     return [m.msg_id.topic_offset for m in messages]
 

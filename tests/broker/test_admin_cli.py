@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 
@@ -12,7 +11,7 @@ from danube_ingest.broker.server import Broker
 from danube_ingest.cli import main
 
 from .conftest import BrokerFactory
-from .support import Clients
+from .support import Clients, eventually
 
 T = "/default/admin"
 
@@ -21,13 +20,6 @@ async def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     capsys.readouterr()
     assert await asyncio.to_thread(main, list(argv)) == 0
     return capsys.readouterr().out
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.05)
 
 
 async def test_topics_subscriptions_and_status(
@@ -47,7 +39,7 @@ async def test_topics_subscriptions_and_status(
             await producer.send(f"m{i}".encode())
         await sub.ack_all(await sub.take(5))
         assert broker.uploader is not None
-        await eventually(lambda: broker.uploader.stats.ranges >= 1)  # type: ignore[union-attr]
+        await eventually(lambda: broker.uploader.stats.ranges >= 1, "an upload")  # type: ignore[union-attr]
         out = await run_cli(capsys, "topics", *etcd)
         line = next(row for row in out.splitlines() if row.startswith(T))
         assert "reliable" in line and "broker-1 (epoch 1)" in line
@@ -82,7 +74,7 @@ async def test_objects_verify_finds_a_damaged_object(
         for i in range(20):
             await producer.send(f"m{i}".encode())
         assert broker.uploader is not None
-        await eventually(lambda: broker.uploader.stats.ranges >= 1)  # type: ignore[union-attr]
+        await eventually(lambda: broker.uploader.stats.ranges >= 1, "an upload")  # type: ignore[union-attr]
     argv = (
         "objects",
         "verify",

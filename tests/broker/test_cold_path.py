@@ -5,7 +5,6 @@ whose data left the WAL is served from objects and then live, without noticing."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.metadata.marks import PruneMarks
 
 from .conftest import BrokerFactory
-from .support import Clients, Subscribed, offsets, payloads
+from .support import Clients, Subscribed, eventually, offsets, payloads
 
 T = "/default/cold"
 
@@ -30,13 +29,6 @@ COLD: dict[str, Any] = {
     "storage.cache.max_bytes": "16KiB",
     "storage.cache.topic_max_bytes": "16KiB",
 }
-
-
-async def eventually(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def take_acking(sub: Subscribed, n: int, timeout: float = 30.0) -> list[Any]:

@@ -8,7 +8,8 @@ It can be closed and reopened on the same directories (a restart).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,16 @@ async def read_n(reader: TopicReader, n: int, timeout: float = 20.0) -> list[Ent
 
     await asyncio.wait_for(run(), timeout)
     return out
+
+
+async def eventually(
+    condition: Callable[[], bool], state: Callable[[], object], timeout: float = 20.0
+) -> None:
+    """Wait until ``condition()``; fail after ``timeout`` seconds showing ``state()``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, state()
+        await asyncio.sleep(0.05)
 
 
 async def prune_all(stack: ColdStack, *topics: str) -> list[tuple[str, int]]:

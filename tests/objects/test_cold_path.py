@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,16 @@ from danube_ingest.objects.store import ObjectStore
 from danube_ingest.testing import MotoServer, free_port
 from danube_ingest.wal.framing import Entry
 
-from .support import FAST_RETRY, ColdStack, T, assert_one_line, payloads, prune_all, read_n
+from .support import (
+    FAST_RETRY,
+    ColdStack,
+    T,
+    assert_one_line,
+    eventually,
+    payloads,
+    prune_all,
+    read_n,
+)
 
 pytestmark = pytest.mark.etcd
 
@@ -116,10 +124,8 @@ async def test_object_store_down_means_backpressure_then_recovery_without_loss(
                 break
         assert refused == 1, "the WAL never filled up"
         assert stack.store.full
-        deadline = time.monotonic() + 20
-        while not stack.uploader.stats.failures:  # the store is down: uploads keep failing
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        # The store is down: uploads keep failing.
+        await eventually(lambda: stack.uploader.stats.failures > 0, lambda: stack.uploader.stats)
         assert stack.store.full and not stack.store.regions[0].uploaded
         # Nothing acknowledged was lost: every acked offset reads back.
         got = await read_n(stack.store.create_reader(T, 0), len(acked))
@@ -166,10 +172,10 @@ async def test_a_subscription_behind_the_wal_waits_out_an_object_store_outage(
             )
             handle = subscription.attach(1, "c")
             first = asyncio.ensure_future(handle.next())
-            deadline = time.monotonic() + 20
-            while caplog.text.count("dispatch read failed, retrying") < 2:  # failed, retried
-                assert time.monotonic() < deadline, caplog.text[-2000:]
-                await asyncio.sleep(0.1)
+            await eventually(  # failed, retried
+                lambda: caplog.text.count("dispatch read failed, retrying") >= 2,
+                lambda: caplog.text[-2000:],
+            )
             assert not first.done()  # waiting, not failed: the subscription is still there
             assert not subscription.closed
         finally:

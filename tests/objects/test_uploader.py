@@ -18,7 +18,7 @@ from danube_ingest.objects.binfmt import decode_frame_bytes, parse_object
 from danube_ingest.objects.store import ObjectStore
 from danube_ingest.objects.uploader import build_segment_object, segment_key
 
-from .support import ColdStack, T, assert_one_line, payloads, prune_all, read_n
+from .support import ColdStack, T, assert_one_line, eventually, payloads, prune_all, read_n
 
 pytestmark = pytest.mark.etcd
 
@@ -175,10 +175,7 @@ async def test_a_broker_that_lost_the_topic_cannot_commit_and_keeps_its_wal(
         await b.seal_and_upload()
 
         a.uploader.start()
-        deadline = time.monotonic() + 10
-        while not a.uploader.stats.orphans:
-            assert time.monotonic() < deadline, a.uploader.stats
-            await asyncio.sleep(0.05)
+        await eventually(lambda: bool(a.uploader.stats.orphans), lambda: a.uploader.stats, 10)
         ranges = await a.manifest.ranges(T)
         assert [(r.start_offset, r.end_offset, r.broker) for r in ranges] == [(1000, 1100, "b")]
         region = a.store.regions[0]
@@ -192,10 +189,7 @@ async def test_a_broker_that_lost_the_topic_cannot_commit_and_keeps_its_wal(
         await a.close()
         a = await ColdStack(etcd_kv, keys, objects, tmp_path / "a", broker_id="a").open()
         a.uploader.start()
-        deadline = time.monotonic() + 10
-        while not a.uploader.stats.orphans:
-            assert time.monotonic() < deadline, a.uploader.stats
-            await asyncio.sleep(0.05)
+        await eventually(lambda: bool(a.uploader.stats.orphans), lambda: a.uploader.stats, 10)
         assert a.ownership.is_owner(T)
         ranges = await a.manifest.ranges(T)
         assert [(r.start_offset, r.end_offset, r.broker) for r in ranges] == [(1000, 1100, "b")]
