@@ -354,7 +354,7 @@ class Manifest:
             for entry in pending:
                 if entry.topic in lost:
                     continue
-                if entry.topic in stored and _covered(entry, stored[entry.topic]):
+                if entry.topic in stored and covered(entry, stored[entry.topic]):
                     result.already.append(entry)
                     log.info("manifest range already committed range=%s", entry.span())
                 else:
@@ -416,7 +416,7 @@ def _checked(topic: str, stored: Sequence[KeyValue]) -> list[ObjectRange]:
     return entries
 
 
-def _covered(entry: ObjectRange, stored: Sequence[ObjectRange]) -> bool:
+def covered(entry: ObjectRange, stored: Sequence[ObjectRange]) -> bool:
     """Whether the stored (non-overlapping) entries cover ``entry``: ``True`` if wholly,
     ``False`` if not at all; ``ManifestConflictError`` if partly."""
     overlapping = [

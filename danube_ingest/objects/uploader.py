@@ -53,7 +53,13 @@ from crc32c import crc32c
 
 from danube_ingest.errors import DanubeIngestError, FrameError, ObjectFormatError
 from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError
-from danube_ingest.metadata.manifest import CommitResult, Manifest, ObjectRange
+from danube_ingest.metadata.manifest import (
+    CommitResult,
+    Manifest,
+    ManifestConflictError,
+    ObjectRange,
+    covered,
+)
 from danube_ingest.metadata.ownership import Ownership
 from danube_ingest.objects.binfmt import BinWriter, Footer, parse_object
 from danube_ingest.objects.store import ObjectStore, RetryPolicy
@@ -457,24 +463,19 @@ class SegmentUploader:
         the range, so it stays orphaned in the local WAL instead.
         """
         todo: list[ObjectRange] = []
-        covered: list[ObjectRange] = []
+        done: list[ObjectRange] = []
         behind: list[ObjectRange] = []
         for rng in ranges:
             existing = await self._manifest.ranges(rng.topic, rng.start_offset)
-            position = rng.start_offset
-            for entry in existing:
-                if entry.start_offset > position:
-                    break
-                position = max(position, entry.end_offset)
-                if position >= rng.end_offset:
-                    break
-            if position >= rng.end_offset:
-                covered.append(rng)
-            elif existing:
-                behind.append(rng)
-            else:
+            if not existing:
                 todo.append(rng)
-        return todo, covered, behind
+                continue
+            try:
+                whole = covered(rng, existing)
+            except ManifestConflictError:
+                whole = False  # partly there: as much out of line as later offsets
+            (done if whole else behind).append(rng)
+        return todo, done, behind
 
     async def _with_retries(self, what: str, attempt: Callable[[], Awaitable[_T]]) -> _T:
         """Run ``attempt`` until it succeeds, backing off between failures (forever: what is
