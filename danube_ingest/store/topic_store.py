@@ -203,10 +203,16 @@ class TopicStore:
         return self._full
 
     def refresh_backpressure(self) -> bool:
-        """Re-evaluate the WAL size limit (called after every write and by the cleaner)."""
+        """Re-evaluate the WAL size limit (after every group commit, and by the cleaner);
+        call ``on_full`` when the WAL has just become full."""
         limit = self._max_wal_bytes
-        self._full = limit is not None and self.wal_bytes() > limit
-        return self._full
+        if limit is None:
+            return False
+        full = self.wal_bytes() > limit
+        if full and not self._full and self.on_full is not None:
+            self.on_full()
+        self._full = full
+        return full
 
     def _refuse(self) -> None:
         raise WalBackpressureError(
@@ -266,17 +272,8 @@ class TopicStore:
         return info
 
     def _on_durable(self, groups: list[tuple[TopicMeta, list[Entry], int]]) -> None:
-        limit = self._max_wal_bytes
-        if limit is not None:
-            # (Inlined refresh_backpressure: this runs once per group commit.)
-            regions = self._regions
-            total = regions[0].disk_bytes
-            for region in regions[1:]:
-                total += region.disk_bytes
-            full = total > limit
-            if full and not self._full and self.on_full is not None:
-                self.on_full()
-            self._full = full
+        if self._max_wal_bytes is not None:
+            self.refresh_backpressure()
         cache = self._cache
         for topic, entries, nbytes in groups:
             if entries:
