@@ -229,7 +229,6 @@ class SegmentUploader:
         self._concurrency = max(1, concurrency)
         self._retry = retry or RetryPolicy()
         self._queues: dict[str, deque[int]] = {}
-        self._queued: dict[str, set[int]] = {}
         self._wakeups: dict[str, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._idle: dict[str, asyncio.Event] = {}
@@ -238,6 +237,7 @@ class SegmentUploader:
         self._started = False
         #: Segments left from before this start: their topics may have changed hands since.
         self._recovered: set[tuple[str, int]] = set()
+        #: (region, seq) of every queued segment -> when it was queued (for the lag).
         self._queued_at: dict[tuple[str, int], float] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -255,7 +255,6 @@ class SegmentUploader:
         for region in self._store.regions:
             name = region.region
             self._queues[name] = deque()
-            self._queued[name] = set()
             self._wakeups[name] = asyncio.Event()
             self._idle[name] = asyncio.Event()
             for seq in sorted(region.sealed - region.uploaded):
@@ -294,10 +293,8 @@ class SegmentUploader:
         self._enqueue(sealed.region, sealed.seq)
 
     def _enqueue(self, region: str, seq: int) -> None:
-        queued = self._queued[region]
-        if seq in queued:
+        if (region, seq) in self._queued_at:
             return
-        queued.add(seq)
         self._queues[region].append(seq)
         self._queued_at[(region, seq)] = time.monotonic()
         self._wakeups[region].set()
@@ -322,8 +319,7 @@ class SegmentUploader:
                             f"commit {obj.key}", functools.partial(self._commit, region, obj)
                         )
                     queue.popleft()
-                    self._queued[name].discard(seq)
-                    self._queued_at.pop((name, seq), None)
+                    del self._queued_at[(name, seq)]
             finally:
                 for task in prepared:
                     task.cancel()
@@ -435,7 +431,7 @@ class SegmentUploader:
         if seq in region.sealed:
             region.mark_uploaded(seq)
         self.stats.segments += 1
-        queued_at = self._queued_at.pop((region.region, seq), None)
+        queued_at = self._queued_at.get((region.region, seq))
         lag_ms = 0.0 if queued_at is None else (time.monotonic() - queued_at) * 1000
         self.stats.last_lag_ms = lag_ms
         self.stats.max_lag_ms = max(self.stats.max_lag_ms, lag_ms)
