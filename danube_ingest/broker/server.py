@@ -148,7 +148,12 @@ class Broker:
         host = config.broker.listen.rsplit(":", 1)[0]
         self.url = config.broker.advertised_url or f"http://{host}:{self.port}"
         self._session = BrokerSession(
-            kv, keys, config.broker.broker_id, self.url, ttl=config.etcd.lease_ttl_seconds
+            kv,
+            keys,
+            config.broker.broker_id,
+            self.url,
+            ttl=config.etcd.lease_ttl_seconds,
+            regions=len(self.store.regions),
         )
         await _start_session(self._session, kv, keys)
         ownership = Ownership(kv, keys, self._session)

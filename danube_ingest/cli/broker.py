@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from danube_ingest.broker.server import Broker
+from danube_ingest.cli.dagster_ui import DagsterUI
 from danube_ingest.config import BrokerConfig, load_config
 from danube_ingest.metadata.server import EtcdServer
 from danube_ingest.runtime import run_daemon, tune_gc
@@ -38,12 +39,19 @@ def register(commands: Any) -> None:
     dev = commands.add_parser(
         "dev",
         help="run the whole system locally on embedded defaults",
-        description="Local etcd + broker on 127.0.0.1, all data under --data-dir.",
+        description=(
+            "Local etcd + broker + Dagster UI (schedules and sensors of workspace.yaml) on "
+            "127.0.0.1, all data under --data-dir."
+        ),
     )
     dev.add_argument("--data-dir", default="./data", help="where etcd, WAL and objects live")
     dev.add_argument("--listen", default="127.0.0.1:6650", help="broker listen address")
     dev.add_argument("--etcd-port", type=int, default=2379, help="local etcd client port")
     dev.add_argument("--config", help="broker config file (defaults otherwise)")
+    dev.add_argument(
+        "--dagster-port", type=int, default=3000, help="Dagster UI port (on the listen host)"
+    )
+    dev.add_argument("--no-dagster", action="store_true", help="do not start the Dagster UI")
     dev.set_defaults(handler=_dev)
 
 
@@ -132,15 +140,35 @@ def _dev(args: argparse.Namespace) -> int:
             "etcd.endpoints": etcd.endpoint,
         },
     )
+    dagster = None
+    if not args.no_dagster:
+        dagster = DagsterUI(
+            data_dir,
+            host=args.listen.rsplit(":", 1)[0],
+            port=args.dagster_port,
+            etcd_endpoint=etcd.endpoint,
+            etcd_prefix=config.etcd.prefix,
+        )
     print(
         f"danube-ingest dev: etcd on {etcd.endpoint}, broker on http://{args.listen}, "
         f"data in {data_dir}\n"
-        "  try: danube-ingest produce --topic /default/demo --count 10\n"
+        + (
+            f"  Dagster UI on {dagster.url} (log {dagster.log_path})\n"
+            if dagster is not None
+            else ""
+        )
+        + "  try: danube-ingest produce --topic /default/demo --count 10\n"
         "       danube-ingest consume --topic /default/demo --subscription demo",
         flush=True,
     )
     try:
+        if dagster is not None:
+            dagster.start()
         run_daemon(serve(config))
     finally:
-        etcd.stop()
+        try:
+            if dagster is not None:
+                dagster.stop()
+        finally:
+            etcd.stop()
     return 0

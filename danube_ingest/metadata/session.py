@@ -2,7 +2,8 @@
 
 Guarantees:
 
-* ``start()`` registers ``brokers/{id}`` = ``{url, started_ms}`` under a fresh lease, and
+* ``start()`` registers ``brokers/{id}`` = ``{url, started_ms, regions}`` under a fresh lease
+  (``regions``: how many WAL region logs the broker runs, for the control plane), and
   refuses (``BrokerIdConflictError``) while another live broker holds the same id.
 * While ``alive``, the lease has been refreshed less than ``ttl`` seconds ago (measured from
   when the refresh was *sent*), so etcd still holds it: keys under it (the registration, the
@@ -48,7 +49,14 @@ class BrokerSession:
     """A broker's lease-backed registration. Use from one event loop."""
 
     def __init__(
-        self, kv: KV, keys: Keys, broker_id: str, advertised_url: str, ttl: int = 10
+        self,
+        kv: KV,
+        keys: Keys,
+        broker_id: str,
+        advertised_url: str,
+        ttl: int = 10,
+        *,
+        regions: int = 1,
     ) -> None:
         if ttl < 1:
             raise MetadataError(f"session TTL must be at least 1 second, got {ttl}")
@@ -57,6 +65,7 @@ class BrokerSession:
         self.broker_id = broker_id
         self.advertised_url = advertised_url
         self.ttl = ttl
+        self.regions = regions
         self._key = keys.broker(broker_id)
         self._lease_id: int | None = None
         self._alive = False
@@ -122,7 +131,9 @@ class BrokerSession:
     async def _register(self) -> None:
         sent = time.monotonic()
         lease_id = await self.kv.grant_lease(self.ttl)
-        value = json.dumps({"url": self.advertised_url, "started_ms": _now_ms()}).encode()
+        value = json.dumps(
+            {"url": self.advertised_url, "started_ms": _now_ms(), "regions": self.regions}
+        ).encode()
         try:
             result = await self.kv.txn(
                 [Compare.absent(self._key)], [Put(self._key, value, lease_id)], [Get(self._key)]

@@ -51,6 +51,15 @@ log = logging.getLogger(__name__)
 READ_CHUNK_BYTES = 1024 * 1024
 
 
+def region_index(topic: str, regions: int) -> int:
+    """The region (``r{index}``) holding ``topic`` in a store of ``regions`` region logs.
+
+    Topics are spread over regions by name; the control plane uses this to find which region's
+    prune mark belongs to a topic (brokers publish their region count in their registration).
+    """
+    return crc32c(topic.encode()) % regions
+
+
 @dataclass(frozen=True, slots=True)
 class TopicInfo:
     name: str
@@ -150,7 +159,7 @@ class TopicStore:
         if region is None:
             if self._closed:
                 raise WalClosedError("topic store is closed")
-            region = self._regions[crc32c(topic.encode()) % len(self._regions)]
+            region = self._regions[region_index(topic, len(self._regions))]
             self._topic_region[topic] = region
         return region
 
@@ -561,4 +570,4 @@ class TopicReader:
         return nxt
 
 
-__all__ = ["Sealed", "TopicInfo", "TopicReader", "TopicStore"]
+__all__ = ["Sealed", "TopicInfo", "TopicReader", "TopicStore", "region_index"]

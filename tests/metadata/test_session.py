@@ -15,7 +15,7 @@ from .conftest import eventually, frozen
 
 
 async def test_registers_under_a_lease_and_close_revokes_it(kv: KV, keys: Keys) -> None:
-    session = BrokerSession(kv, keys, "b1", "http://10.0.0.1:6650", ttl=5)
+    session = BrokerSession(kv, keys, "b1", "http://10.0.0.1:6650", ttl=5, regions=3)
     lost: list[str] = []
     session.on_lost(lambda: lost.append("lost"))
     await session.start()
@@ -24,6 +24,7 @@ async def test_registers_under_a_lease_and_close_revokes_it(kv: KV, keys: Keys) 
     assert stored is not None and stored.lease == session.lease_id
     value = json.loads(stored.value)
     assert value["url"] == "http://10.0.0.1:6650"
+    assert value["regions"] == 3  # for the control plane's topic -> region rule
     assert abs(value["started_ms"] - time.time() * 1000) < 60_000
     await session.close()
     await session.close()

@@ -1,0 +1,1 @@
+"""The Danube gRPC protocol server: services, topic management, conversions and errors."""

@@ -1,0 +1,98 @@
+"""The Dagster UI and daemon of the local system (``danube-ingest dev``).
+
+``dagster dev`` serves the UI and runs the schedules and sensors of the code location in
+``workspace.yaml`` (``pipelines.definitions``). It runs in a child process of its own session,
+so a Ctrl-C in the terminal reaches only ``danube-ingest dev``, which stops Dagster after the
+broker and before etcd. Its output goes to ``{data_dir}/dagster/dagster.log``; its instance
+(runs, schedule ticks) lives in ``{data_dir}/dagster`` (``DAGSTER_HOME``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO
+
+log = logging.getLogger(__name__)
+
+#: The instance settings written when ``DAGSTER_HOME`` has none: no telemetry (the local system
+#: must not reach out to the network).
+_INSTANCE_YAML = "telemetry:\n  enabled: false\n"
+
+
+class DagsterUI:
+    """``dagster dev`` for the local system: ``start()``, then ``stop()``."""
+
+    def __init__(
+        self, data_dir: Path, *, host: str, port: int, etcd_endpoint: str, etcd_prefix: str
+    ) -> None:
+        self.home = data_dir.resolve() / "dagster"
+        self.host = host
+        self.port = port
+        self.url = f"http://{host}:{port}"
+        self._env = {
+            "DAGSTER_HOME": str(self.home),
+            "DANUBE_INGEST_ETCD_ENDPOINTS": etcd_endpoint,
+            "DANUBE_INGEST_ETCD_PREFIX": etcd_prefix,
+        }
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / "dagster.log"
+
+    def command(self) -> list[str]:
+        """``dagster dev`` on ``workspace.yaml`` if the working directory has it, else on the
+        installed ``pipelines.definitions`` module."""
+        dagster = Path(sys.executable).with_name("dagster")
+        target = (
+            ["-w", "workspace.yaml"]
+            if Path("workspace.yaml").is_file()
+            else ["-m", "pipelines.definitions"]
+        )
+        return [str(dagster), "dev", *target, "-h", self.host, "-p", str(self.port)]
+
+    def start(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        instance = self.home / "dagster.yaml"
+        if not instance.exists():
+            instance.write_text(_INSTANCE_YAML)
+        self._log = self.log_path.open("ab")
+        try:
+            self._process = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self._env},
+                start_new_session=True,
+            )
+        except OSError:
+            self._log.close()
+            self._log = None
+            raise
+        log.info("dagster started pid=%s url=%s log=%s", self._process.pid, self.url, self.log_path)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM (``dagster dev`` stops its webserver, daemon and code servers), then kill the
+        whole process group after ``timeout`` seconds. Idempotent."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("dagster did not stop on SIGTERM pid=%s; killing it", process.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # anything of it still there
+            process.wait()
+            log.info("dagster stopped pid=%s", process.pid)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
