@@ -25,6 +25,11 @@ log = logging.getLogger(__name__)
 _INSTANCE_YAML = "telemetry:\n  enabled: false\n"
 
 
+def _default_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class DagsterUI:
     """``dagster dev`` for the local system: ``start()``, then ``stop()``."""
 
@@ -72,6 +77,9 @@ class DagsterUI:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self._env},
                 start_new_session=True,
+                # Started from a background job, we inherit an ignored SIGINT; `dagster dev`
+                # turns SIGTERM into SIGINT for itself, so it must not inherit that.
+                preexec_fn=_default_signals,
             )
         except OSError:
             self._log.close()
