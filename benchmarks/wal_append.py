@@ -1,6 +1,6 @@
 """Durable append throughput and latency of TopicStore (fsync="always") against plain Python.
 
-Run: ``.venv/bin/python benchmarks/wal_append.py`` (no arguments, ~35 s on 2 cores).
+Run: ``.venv/bin/python benchmarks/wal_append.py`` (no arguments, ~45 s on 2 cores).
 
 Throughput figures need an otherwise idle machine; the run warns when the load average is high
 and also reports process CPU time per message, which other load distorts much less.
@@ -26,15 +26,26 @@ Extras (all measured in the same run, see docs/benchmarks.md):
 * ``mib1_*``: 1 MiB payloads, one in flight and four in flight, against a raw loop of 1 MiB
   ``os.write`` + ``os.fdatasync``; MiB/s of payload.
 * ``uvloop_*``: the main measurement once more on a uvloop event loop (if importable).
+* ``prototype_*``: the issue's comparator, driven by the main figure's 1024 tasks: a minimal
+  asyncio group-commit log (``PrototypeLog``) with one future per append, struct+crc32c framing
+  into a bytearray, one ``os.write`` + ``os.fdatasync`` per batch in a writer thread and one
+  ``call_soon_threadsafe`` per batch. ``store_vs_prototype`` is store msg/s / prototype msg/s.
+* ``asyncio_ceiling_*``: the same 1024 tasks with no store and no I/O, each awaiting a shared
+  future that a loop callback completes once per loop iteration (``LoopTicker``): what asyncio
+  task switching alone allows.
+
+The two references run in the same three interleaved rounds as the main measurement.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import struct
+import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +76,10 @@ REPEATS = 3
 
 MAIN_SECONDS = 2.0
 MAIN_WARMUP = 0.4
+# The prototype gets the main window (it is the figure the store is compared with); the
+# ceiling gets a shorter one so that the whole run stays under a minute on 2 cores.
+PROTOTYPE_SECONDS = MAIN_SECONDS
+CEILING_SECONDS = 1.0
 SYNC_SECONDS = 1.2
 SYNC_WARMUP_BATCHES = 16
 BATCHED_SECONDS = 1.5
@@ -214,25 +229,38 @@ async def _timed_window(
     }
 
 
-async def store_concurrent(wal_dir: Path, tasks: int = TASKS) -> dict[str, float]:
-    """``tasks`` tasks each looping ``await store.append(topic, Entry(payload))``."""
-    store = await TopicStore.open(wal_dir, fsync="always")
+Append = Callable[[str, Entry], Awaitable[object]]
+
+
+async def drive_tasks(append_fn: Append, seconds: float) -> tuple[dict[str, float], int]:
+    """The main figure's driver: ``TASKS`` tasks each looping ``await append(topic, Entry(...))``.
+
+    Shared by the store and both references, so they differ only in ``append_fn``. Returns the
+    window's figures (see ``_timed_window``) and the number of appends awaited in total.
+    """
     done = 0
     stop = False
     payload = PAYLOAD
 
     async def worker() -> None:
         nonlocal done
-        append = store.append
+        append = append_fn
         while not stop:
             await append(TOPIC, Entry(payload))
             done += 1
 
-    workers = [asyncio.create_task(worker()) for _ in range(tasks)]
+    workers = [asyncio.create_task(worker()) for _ in range(TASKS)]
     with FsyncCounter() as fsyncs:
-        res = await _timed_window(lambda: done, MAIN_WARMUP, MAIN_SECONDS, fsyncs)
+        res = await _timed_window(lambda: done, MAIN_WARMUP, seconds, fsyncs)
     stop = True
     await asyncio.gather(*workers)
+    return res, done
+
+
+async def store_concurrent(wal_dir: Path) -> dict[str, float]:
+    """``TASKS`` tasks each looping ``await store.append(topic, Entry(payload))``."""
+    store = await TopicStore.open(wal_dir, fsync="always")
+    res, done = await drive_tasks(store.append, MAIN_SECONDS)
     info = store.info(TOPIC)
     await store.close()
     assert info is not None and info.high_watermark >= done, (info, done)
@@ -298,6 +326,125 @@ async def store_big(wal_dir: Path, inflight: int) -> float:
     return res["rate"]
 
 
+# -- references for the 1024-task figure ----------------------------------------------------
+
+_Queued = tuple[bytearray, int, list["asyncio.Future[int]"]]
+
+
+class PrototypeLog:
+    """The issue's comparator: a minimal asyncio group-commit log, one future per append.
+
+    ``append`` frames the payload into a loop-side bytearray and returns a new future; the first
+    append of a loop iteration schedules one hand-off of the buffer and its futures to a writer
+    thread. The writer joins everything queued, makes one ``os.write`` + ``os.fdatasync`` and
+    completes the futures (with their offsets) through one ``call_soon_threadsafe``. Appends are
+    durable in call order. No topics, index, cache, segments or back-pressure.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._fd = _open_new(path)
+        self._loop = asyncio.get_running_loop()
+        self._queue: queue.SimpleQueue[_Queued | None] = queue.SimpleQueue()
+        self._buf = bytearray()
+        self._futs: list[asyncio.Future[int]] = []
+        self._first = 0  # offset of self._futs[0]
+        self._offset = 0
+        self._scheduled = False
+        self._writer = threading.Thread(target=self._run, name="prototype-writer")
+        self._writer.start()
+
+    def append(self, topic: str, entry: Entry) -> asyncio.Future[int]:
+        payload = entry.payload
+        fut = self._loop.create_future()
+        self._buf += _HDR.pack(len(payload), crc32c(payload), self._offset)
+        self._buf += payload
+        self._offset += 1
+        self._futs.append(fut)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._handoff)
+        return fut
+
+    def close(self) -> None:
+        """Write what is queued, stop the writer, close the file (call once appends are done)."""
+        self._queue.put(None)
+        self._writer.join()
+        os.close(self._fd)
+
+    def _handoff(self) -> None:
+        self._scheduled = False
+        self._queue.put((self._buf, self._first, self._futs))
+        self._buf, self._first, self._futs = bytearray(), self._offset, []
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            batches = [item]
+            while not self._queue.empty():
+                more = self._queue.get()
+                if more is None:
+                    self._queue.put(None)
+                    break
+                batches.append(more)
+            data = b"".join(buf for buf, _, _ in batches)
+            error = None
+            try:
+                if os.write(self._fd, data) != len(data):
+                    raise OSError(f"short write to the prototype log (fd {self._fd})")
+                os.fdatasync(self._fd)
+            except OSError as exc:
+                error = exc
+            self._loop.call_soon_threadsafe(self._complete, batches, error)
+
+    @staticmethod
+    def _complete(batches: list[_Queued], error: OSError | None) -> None:
+        for _, first, futs in batches:
+            for offset, fut in enumerate(futs, first):
+                if error is None:
+                    fut.set_result(offset)
+                else:
+                    fut.set_exception(error)
+
+
+class LoopTicker:
+    """No store, no I/O: each append awaits a shared future completed once per loop iteration.
+
+    The first append of an iteration creates the future and schedules the callback that
+    completes it, so all appends of one iteration form one batch: the cost of asyncio task
+    switching alone.
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._fut: asyncio.Future[None] | None = None
+
+    def append(self, topic: str, entry: Entry) -> asyncio.Future[None]:
+        fut = self._fut
+        if fut is None:
+            fut = self._fut = self._loop.create_future()
+            self._loop.call_soon(self._release, fut)
+        return fut
+
+    def _release(self, fut: asyncio.Future[None]) -> None:
+        self._fut = None
+        fut.set_result(None)
+
+
+async def prototype_concurrent(log_path: Path) -> dict[str, float]:
+    """The main figure's driver against ``PrototypeLog``."""
+    log = PrototypeLog(log_path)
+    try:
+        res, _ = await drive_tasks(log.append, PROTOTYPE_SECONDS)
+    finally:
+        log.close()
+    return res
+
+
+async def asyncio_ceiling() -> dict[str, float]:
+    """The main figure's driver against ``LoopTicker``."""
+    res, _ = await drive_tasks(LoopTicker().append, CEILING_SECONDS)
+    return res
+
+
 def run_async(coro: Coroutine[Any, Any, Any], *, use_uvloop: bool = False) -> Any:
     if use_uvloop:
         import uvloop
@@ -328,19 +475,27 @@ def main() -> None:
     base_cpu_runs: list[float] = []
     raw_runs: list[float] = []
     main_runs: list[dict[str, float]] = []
+    proto_runs: list[dict[str, float]] = []
+    ceiling_runs: list[dict[str, float]] = []
     for i in range(REPEATS):
         base, base_cpu = in_dir(lambda d: baseline_group_commit(d / "base.log", SYNC_SECONDS))
         raw = in_dir(lambda d: raw_disk(d / "raw.log", SYNC_SECONDS))
         res = in_dir(lambda d: run_async(store_concurrent(d)))
+        proto = in_dir(lambda d: run_async(prototype_concurrent(d / "proto.log")))
+        ceiling = run_async(asyncio_ceiling())
         base_runs.append(base)
         base_cpu_runs.append(base_cpu)
         raw_runs.append(raw)
         main_runs.append(res)
+        proto_runs.append(proto)
+        ceiling_runs.append(ceiling)
         say(
             f"  round {i + 1}: baseline {base:,.0f} msg/s ({base_cpu:.2f} CPU-us/msg) | raw disk "
             f"{raw:,.0f} msg/s | store {res['rate']:,.0f} msg/s ({res['cpu_us_per_msg']:.2f} "
             f"CPU-us/msg, {res['msgs_per_fsync']:.0f} msgs/fdatasync, "
-            f"{res['fsyncs_per_s']:,.0f} fdatasync/s)"
+            f"{res['fsyncs_per_s']:,.0f} fdatasync/s) | prototype {proto['rate']:,.0f} msg/s "
+            f"({proto['cpu_us_per_msg']:.2f} CPU-us/msg, {proto['msgs_per_fsync']:.0f} "
+            f"msgs/fdatasync) | asyncio ceiling {ceiling['rate']:,.0f} awaits/s"
         )
     value = median([r["rate"] for r in main_runs])
     baseline = median(base_runs)
@@ -357,6 +512,19 @@ def main() -> None:
     say(
         f"  CPU per message (all threads): store {store_cpu:.2f} us, baseline {base_cpu:.2f} us "
         f"-> baseline/store {ratio(base_cpu, store_cpu):.3f} (less sensitive to machine load)"
+    )
+    proto_value = median([r["rate"] for r in proto_runs])
+    proto_cpu = median([r["cpu_us_per_msg"] for r in proto_runs])
+    proto_per_fsync = median([r["msgs_per_fsync"] for r in proto_runs])
+    ceiling_value = median([r["rate"] for r in ceiling_runs])
+    ceiling_cpu = median([r["cpu_us_per_msg"] for r in ceiling_runs])
+    say(
+        f"references (median of {REPEATS}, same 1024 tasks): issue's asyncio prototype "
+        f"{proto_value:,.0f} msg/s ({proto_cpu:.2f} CPU-us/msg, {proto_per_fsync:.0f} "
+        f"msgs/fdatasync), ratio {ratio(proto_value, baseline):.3f}, store/prototype "
+        f"{ratio(value, proto_value):.3f} | asyncio ceiling (no store, no I/O) "
+        f"{ceiling_value:,.0f} awaits/s ({ceiling_cpu:.2f} CPU-us/await), ratio "
+        f"{ratio(ceiling_value, baseline):.3f}"
     )
 
     uv: dict[str, float] | None = None
@@ -451,6 +619,22 @@ def main() -> None:
         "all threads), higher is better; robust to other load on the machine",
         "store_msgs_per_fdatasync": msgs_per_fsync,
         "store_fdatasyncs_per_s": fsyncs_per_s,
+        "prototype_value": proto_value,
+        "prototype_ratio": ratio(proto_value, baseline),
+        "prototype_cpu_us_per_msg": proto_cpu,
+        "prototype_msgs_per_fdatasync": proto_per_fsync,
+        "prototype_runs": [r["rate"] for r in proto_runs],
+        "store_vs_prototype": ratio(value, proto_value),
+        "prototype_meaning": "the issue's comparator driven by the same 1024 tasks: a minimal "
+        "asyncio group-commit log with one future per append, a writer thread doing one "
+        "os.write + os.fdatasync per batch and one call_soon_threadsafe per batch; "
+        "store_vs_prototype = value / prototype_value",
+        "asyncio_ceiling_value": ceiling_value,
+        "asyncio_ceiling_ratio": ratio(ceiling_value, baseline),
+        "asyncio_ceiling_cpu_us_per_msg": ceiling_cpu,
+        "asyncio_ceiling_runs": [r["rate"] for r in ceiling_runs],
+        "asyncio_ceiling_meaning": "awaits/s of the same 1024 tasks with no store and no I/O, "
+        "each awaiting a shared future completed once per loop iteration; ratio vs baseline",
         "uvloop_value": uv["rate"] if uv else None,
         "uvloop_ratio": ratio(uv["rate"], baseline) if uv else None,
         "uvloop_cpu_us_per_msg": uv["cpu_us_per_msg"] if uv else None,
