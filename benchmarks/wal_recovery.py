@@ -1,6 +1,6 @@
 """Recovery scan speed of a region's segment files against a plain sequential read.
 
-Run: ``.venv/bin/python benchmarks/wal_recovery.py`` (no arguments, ~20 s on 2 cores).
+Run: ``.venv/bin/python benchmarks/wal_recovery.py`` (no arguments, about 6 to 10 s on 2 cores).
 
 Setup: a TopicStore (fsync="never", default 8 MiB segments) is filled with ~128 MiB of
 entries of 100 B to 1 KiB over 8 topics by 256 concurrent asyncio tasks each looping

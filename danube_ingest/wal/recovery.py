@@ -374,12 +374,12 @@ def recover_region(region_dir: Path, index_interval: int = 64 * 1024) -> RegionS
     reader = SegmentReader()
     for seq in seqs:
         path = segment_path(region_dir, seq)
-        size = path.stat().st_size
-        state.segments[seq] = size
         if seq < start_seq:
+            state.segments[seq] = path.stat().st_size
             continue
         with reader.open(path) as data:
-            read = len(data)
+            # The size scanned, which another process may have changed since the listing.
+            read = state.segments[seq] = len(data)
             result = _scan_segment(state, seq, path, data, index_interval)
         state.bytes_scanned += read
         if result.error is not None:

@@ -1,15 +1,19 @@
-"""Segment files: naming, listing and scanning.
+"""Segment files: naming, listing, reading and scanning.
 
 A region's directory ``{wal_dir}/{region}/`` holds segment files ``{seq:020}.wal`` (sequence
 numbers grow and are never reused) and the RegionMeta snapshot ``meta.json``. Every segment
 starts with a CHECKPOINT frame naming its own sequence number. All segments but the newest are
 sealed (fully written and fdatasync'ed, never modified again); only the newest can have a torn
 tail.
+
+Segments are read with ``read`` system calls, never through a memory mapping: a failed read is
+then an :class:`OSError` naming the file, and a file that another process truncates meanwhile is
+read as far as it still goes, where touching a mapping past the file's end, or a page the disk
+cannot deliver, kills the process with SIGBUS.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 from collections.abc import Iterator
@@ -25,9 +29,6 @@ _SEGMENT_RE = re.compile(r"^(\d{20})\.wal$")
 # A frame prefix carries kind 1..4, version 1 and two zero bytes at offsets 4..8. Searching for
 # that pattern finds re-synchronisation candidates at C speed; the header CRC confirms them.
 _PREFIX_CANDIDATE = re.compile(rb"[\x01-\x04]\x01\x00\x00", re.DOTALL)
-# Populating the page tables when mapping a segment costs less than faulting its pages in one by
-# one while scanning it (and reads a segment that is not in the page cache in one go).
-_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
 def segment_name(seq: int) -> str:
@@ -52,69 +53,54 @@ def list_segments(region_dir: Path) -> list[int]:
 
 
 class SegmentReader:
-    """Gives whole segment files as read-only views, for a front-to-back scan.
+    """Reads whole segment files, one at a time, into one buffer reused from file to file.
 
-    ``open(path)`` is a context manager yielding a view of the file's bytes (as they are when it
-    is called) that is valid until the ``with`` block ends; no slice of it may outlive the
-    block. With ``use_mmap`` the file is mapped: the scan then reads the page cache directly
-    instead of copying every byte into a buffer first (with a warm page cache the copy costs as
-    much as computing the CRC32C of every byte). The price of a mapping is that an I/O error
-    while reading it, or another process truncating the file meanwhile, kills the process with
-    SIGBUS instead of raising :class:`OSError`; segment files are only truncated by recovery
-    and repair, which must not run concurrently with anything else on the region. Without
-    ``use_mmap``, or when a file cannot be mapped, files are read into one buffer reused from
-    file to file.
+    ``open(path)`` is a context manager yielding a view of the file's bytes, from its start to
+    where a read found its end, that is valid until the ``with`` block ends; no slice of it may
+    outlive the block (the next file is read into the same buffer). The file is read, never
+    mapped (see the module docstring): a failed read raises :class:`OSError` with the errno of
+    the failure and the file's path, and a file that another process truncates or extends while
+    it is read yields the bytes the reads found.
     """
 
-    def __init__(self, use_mmap: bool = True) -> None:
-        self._use_mmap = use_mmap
+    def __init__(self) -> None:
         self._buf = bytearray()
 
     @contextmanager
     def open(self, path: Path) -> Iterator[memoryview]:
-        mapped: mmap.mmap | None = None
         fd = os.open(path, os.O_RDONLY)
         try:
-            size = os.fstat(fd).st_size
-            if self._use_mmap and size > 0:
-                try:
-                    mapped = mmap.mmap(fd, size, flags=_MAP_FLAGS, prot=mmap.PROT_READ)
-                except (OSError, ValueError, OverflowError):
-                    mapped = None  # a file system that cannot map files: read it instead
-            view = memoryview(mapped) if mapped is not None else self._read(fd, size)
+            view = self._read(fd, path)
         finally:
-            os.close(fd)  # a mapping stays valid without its descriptor
-        try:
+            os.close(fd)
+        with view:
             yield view
-        finally:
-            try:
-                view.release()
-                if mapped is not None:
-                    mapped.close()
-            except BufferError:
-                # A slice of the view is still referenced (by a traceback, say): the mapping
-                # goes away with the last reference instead.
-                pass
 
-    def _read(self, fd: int, size: int) -> memoryview:
+    def _read(self, fd: int, path: Path) -> memoryview:
         """The bytes of ``fd`` to end of file, in the reused buffer."""
-        buf = self._buf
-        if len(buf) <= size:
-            # One spare byte at least: a read that fills the buffer may not be at EOF.
-            buf = self._buf = bytearray(size + size // 16 + 4096)
-        view = memoryview(buf)
-        n = 0
-        while True:
-            got = os.readv(fd, [view[n:]])
-            if not got:
-                return view[:n]
-            n += got
-            if n == len(buf):
-                # The file grew while we read it.
-                bigger = bytearray(2 * n)
-                bigger[:n] = view
-                buf = self._buf = bigger
-                view = memoryview(buf)
+        try:
+            size = os.fstat(fd).st_size
+            buf = self._buf
+            if len(buf) <= size:
+                # One spare byte at least: a read that fills the buffer may not be at EOF.
+                buf = self._buf = bytearray(size + size // 16 + 4096)
+            view = memoryview(buf)
+            n = 0
+            while True:
+                got = os.readv(fd, [view[n:]])
+                if not got:
+                    return view[:n]
+                n += got
+                if n == len(buf):
+                    # The file grew while we read it.
+                    bigger = bytearray(2 * n)
+                    bigger[:n] = view
+                    buf = self._buf = bigger
+                    view = memoryview(buf)
+        except OSError as exc:
+            # The errors of fstat and readv do not name the file.
+            reason = f"{exc.strerror or exc} while reading WAL segment"
+            raise OSError(exc.errno, reason, str(path)) from exc
 
 
 @dataclass(slots=True)

@@ -8,7 +8,9 @@ then describes the sealed segments only, and the newest segment is scanned on re
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
 import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -800,3 +802,131 @@ async def test_torn_tail_beside_a_precreated_segment(tmp_path: Path, open_store:
     assert state.next_seq == image.newest + 2  # the spare's number is not reused
     report = verify_region(region)
     assert report.ok and report.torn_tail is None
+
+
+# -- (f) failed reads and files changed while recovery reads them ----------------------------
+
+Readv = Callable[[int, list[memoryview]], int]
+
+
+def intercept_reads(
+    monkeypatch: pytest.MonkeyPatch, path: Path, read: Callable[[Readv, int, list[memoryview]], int]
+) -> None:
+    """Route every ``os.readv`` of the file at ``path`` through ``read(real_readv, fd, buffers)``
+    (recovery reads segment files with ``os.readv``)."""
+    real: Readv = os.readv
+    identity = (path.stat().st_dev, path.stat().st_ino)
+
+    def readv(fd: int, buffers: list[memoryview]) -> int:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) == identity:
+            return read(real, fd, buffers)
+        return real(fd, buffers)
+
+    monkeypatch.setattr(os, "readv", readv)
+
+
+@pytest.mark.parametrize("which", ["sealed", "newest"])
+async def test_read_error_is_an_oserror_naming_the_file_and_changes_nothing(
+    tmp_path: Path, open_store: OpenStore, monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    # A disk error while a segment is read must surface as an exception (a mapped segment
+    # would have killed the process with SIGBUS), and must not pass for a torn tail: a short
+    # read of the newest segment followed by the error, taken for its end, would get it cut.
+    region, _ = await rotated_region(tmp_path, open_store)
+    (region / SNAPSHOT_NAME).unlink()  # every segment is read
+    seqs = list_segments(region)
+    path = segment_path(region, seqs[1] if which == "sealed" else seqs[-1])
+    before = files(region)
+    reads: list[int] = []
+
+    def failing(real: Readv, fd: int, buffers: list[memoryview]) -> int:
+        reads.append(fd)
+        if len(reads) == 1:  # part of the file, then the error
+            return real(fd, [buffers[0][:100]])
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    intercept_reads(monkeypatch, path, failing)
+
+    for check in (recover_region, verify_region):
+        reads.clear()
+        with pytest.raises(OSError) as caught:
+            check(region)
+        assert caught.value.errno == errno.EIO, check
+        assert caught.value.filename == str(path), check
+        assert os.strerror(errno.EIO) in str(caught.value) and str(path) in str(caught.value)
+        assert len(reads) == 2, "the error came from the intercepted reads"
+        assert files(region) == before, "a failed read must not change anything"
+    reads.clear()
+    with pytest.raises(OSError) as caught:
+        await open_store(region.parent)
+    assert (caught.value.errno, caught.value.filename) == (errno.EIO, str(path))
+    assert files(region) == before, "a store that fails to open writes nothing"
+
+    monkeypatch.undo()
+    assert recover_region(region).truncated == []
+
+
+def truncate_when_read(monkeypatch: pytest.MonkeyPatch, path: Path, size: int) -> list[int]:
+    """Truncate the file at ``path`` to ``size`` bytes just before its first read, as another
+    process could after recovery listed and opened it; returns ``[size]`` once it has."""
+    done: list[int] = []
+
+    def truncating(real: Readv, fd: int, buffers: list[memoryview]) -> int:
+        if not done:
+            os.truncate(path, size)
+            done.append(size)
+        return real(fd, buffers)
+
+    intercept_reads(monkeypatch, path, truncating)
+    return done
+
+
+@pytest.mark.parametrize("into_frame", [0, 10])
+async def test_newest_segment_truncated_while_recovery_reads_it_is_read_as_it_is_now(
+    tmp_path: Path, open_store: OpenStore, monkeypatch: pytest.MonkeyPatch, into_frame: int
+) -> None:
+    # Touching a mapping past the file's new end would have raised SIGBUS. Reading, recovery
+    # sees a shorter segment: at a frame boundary an intact one, inside a frame a torn tail.
+    region, appended = await rotated_region(tmp_path, open_store)
+    (region / SNAPSHOT_NAME).unlink()
+    seq = list_segments(region)[-1]
+    path = segment_path(region, seq)
+    frame = pick_frames(path)[2]
+    counts = counts_before(region, (seq, frame.position))
+    truncated = truncate_when_read(monkeypatch, path, frame.position + into_frame)
+
+    state = recover_region(region)
+
+    assert truncated == [frame.position + into_frame]
+    if into_frame:
+        assert state.truncated == [(str(path), frame.position, into_frame)]
+    else:
+        assert state.truncated == []
+    assert path.stat().st_size == frame.position
+    assert state.segments[seq] == frame.position, "the size read, not the size listed"
+    assert state.bytes_scanned == sum(state.segments.values()) + into_frame  # + the torn tail
+    assert {name: t.next_offset for name, t in state.topics.items()} == counts
+    monkeypatch.undo()
+    expected = {t: entries[: counts[t]] for t, entries in appended.items()}
+    await check_store(region.parent, open_store, expected)
+
+
+async def test_sealed_segment_truncated_while_recovery_reads_it_is_corruption(
+    tmp_path: Path, open_store: OpenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    region, _ = await rotated_region(tmp_path, open_store)
+    (region / SNAPSHOT_NAME).unlink()
+    path = segment_path(region, list_segments(region)[1])
+    frame = pick_frames(path)[2]
+    cut = frame.position + 10
+    before = {**files(region), str(path.relative_to(region)): path.read_bytes()[:cut]}
+    truncated = truncate_when_read(monkeypatch, path, cut)
+
+    with pytest.raises(WalCorruptionError) as caught:
+        recover_region(region)
+
+    assert truncated == [cut]
+    assert (caught.value.path, caught.value.position) == (str(path), frame.position)
+    assert "sealed segment" in caught.value.reason
+    assert files(region) == before, "only the other process changed anything"

@@ -4,8 +4,11 @@ RegionLog writes (rotation by size and by age, every segment self-contained)."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import pytest
 
 from danube_ingest.errors import CorruptFrameError, TruncatedFrameError
 from danube_ingest.wal import RegionLog, recover_region
@@ -23,6 +26,7 @@ from danube_ingest.wal.framing import (
     topic_frame,
 )
 from danube_ingest.wal.segment import (
+    SegmentReader,
     find_valid_frame,
     list_segments,
     scan,
@@ -89,6 +93,38 @@ def test_list_segments_ignores_other_files(tmp_path: Path) -> None:
     (tmp_path / "quarantine" / segment_name(5)).write_bytes(b"")
 
     assert list_segments(tmp_path) == [0, 2, 10, 100]
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def test_segment_reader_gives_each_whole_file_in_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader = SegmentReader()
+    for i, data in enumerate([os.urandom(5000), b"", os.urandom(100), os.urandom(70_000)]):
+        path = tmp_path / f"f{i}"
+        path.write_bytes(data)
+        with reader.open(path) as view:
+            assert bytes(view) == data
+        with pytest.raises(ValueError):
+            bytes(view)  # released with the block: its bytes belong to the next file
+
+    # A file that another process extends while it is read, past the reused buffer's end.
+    path = tmp_path / "growing"
+    path.write_bytes(b"a" * 1000)
+    real = os.readv
+    grown: list[int] = []
+
+    def readv(fd: int, buffers: list[memoryview]) -> int:
+        if not grown:
+            with path.open("ab") as f:
+                grown.append(f.write(b"b" * 200_000))
+        return real(fd, buffers)
+
+    monkeypatch.setattr(os, "readv", readv)
+    with reader.open(path) as view:
+        assert bytes(view) == b"a" * 1000 + b"b" * 200_000
 
 
 # -- scanning --------------------------------------------------------------------------------
