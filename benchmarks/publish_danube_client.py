@@ -10,11 +10,14 @@ danube-client 0.5 from PyPI, in this process, on the default asyncio loop. Every
 loopback; the broker's WAL is in a ``tempfile`` directory.
 
 Baseline: the **same client and workload** against a no-op server in another child process: a
-``grpc.aio`` server on the default asyncio loop (as the broker) that implements the services a
-producer uses — TopicLookup (``Connect`` to itself), TopicPartitions, CreateProducer,
-SendMessage (answers ``MessageResponse(request_id)`` at once, stores nothing) and HealthCheck.
-It is what the broker would cost with an infinitely fast publish path, so ``ratio`` is the share
-of the gRPC/client ceiling the broker keeps.
+``grpc.aio`` server with the broker's runtime (uvloop and the daemon's garbage-collection
+settings, ``danube_ingest.runtime``) that implements the services a producer uses —
+TopicLookup (``Connect`` to itself), TopicPartitions, CreateProducer, SendMessage (answers
+``MessageResponse(request_id)`` at once, stores nothing) and HealthCheck. It is what the broker
+would cost with an infinitely fast publish path, so ``ratio`` is the share of the gRPC/client
+ceiling the broker keeps. (For ``e2e_latency.py`` it also relays: Subscribe, ReceiveMessages
+and Ack, where every message a producer sends is handed at once to the streams subscribed to
+its topic, from memory, and acks are answered and forgotten.)
 
 Workloads (100-byte payloads, ``DispatchStrategy.RELIABLE``, one topic):
 
@@ -135,9 +138,16 @@ class BrokerChild:
     daemon's default storage settings (``BROKER_YAML``) and an fdatasync counter (see
     ``_BROKER_BOOT``)."""
 
-    def __init__(self, work: Path, etcd_endpoint: str, broker_id: str = "bench-broker") -> None:
+    def __init__(
+        self,
+        work: Path,
+        etcd_endpoint: str,
+        broker_id: str = "bench-broker",
+        config_yaml: str = BROKER_YAML,
+    ) -> None:
         from danube_ingest.testing import free_port
 
+        self.config_yaml = config_yaml
         self.data_dir = work / "broker"
         self.etcd_endpoint = etcd_endpoint
         self.broker_id = broker_id
@@ -158,7 +168,7 @@ class BrokerChild:
     def start(self, timeout: float = 30.0) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self.data_dir / "bench-broker.yml"
-        config.write_text(BROKER_YAML)
+        config.write_text(self.config_yaml)
         command = [
             sys.executable,
             "-c",
@@ -272,6 +282,13 @@ def _noop_services(url: str) -> list[tuple[Any, Callable[[Any, Any], None]]]:
     from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
     producer_ids = itertools.count(1)
+    consumer_ids = itertools.count(1)
+    producer_topics: dict[int, str] = {}
+    #: topic -> subscription -> the queue its ReceiveMessages stream serves (the newest
+    #: Subscribe of a subscription takes it over, as an Exclusive reconnect would).
+    streams: dict[str, dict[str, asyncio.Queue[Any]]] = {}
+    consumers: dict[int, asyncio.Queue[Any]] = {}
+    offsets = itertools.count()
 
     class Discovery(pb_grpc.DiscoveryServicer):  # type: ignore[misc]
         async def TopicLookup(self, request: Any, context: Any) -> Any:
@@ -290,14 +307,45 @@ def _noop_services(url: str) -> list[tuple[Any, Callable[[Any, Any], None]]]:
 
     class Producers(pb_grpc.ProducerServiceServicer):  # type: ignore[misc]
         async def CreateProducer(self, request: Any, context: Any) -> Any:
+            producer_id = next(producer_ids)
+            producer_topics[producer_id] = request.topic_name
             return pb.ProducerResponse(
                 request_id=request.request_id,
-                producer_id=next(producer_ids),
+                producer_id=producer_id,
                 producer_name=request.producer_name,
             )
 
         async def SendMessage(self, request: Any, context: Any) -> Any:
+            subscribed = streams.get(producer_topics.get(request.msg_id.producer_id, ""))
+            if subscribed:
+                offset = next(offsets)
+                for subscription, queue in subscribed.items():
+                    out = pb.StreamMessage()
+                    out.CopyFrom(request)
+                    out.msg_id.topic_offset = offset
+                    out.subscription_name = subscription
+                    queue.put_nowait(out)
             return pb.MessageResponse(request_id=request.request_id)
+
+    class Consumers(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
+        async def Subscribe(self, request: Any, context: Any) -> Any:
+            consumer_id = next(consumer_ids)
+            queue: asyncio.Queue[Any] = asyncio.Queue()
+            consumers[consumer_id] = queue
+            streams.setdefault(request.topic_name, {})[request.subscription] = queue
+            return pb.ConsumerResponse(
+                request_id=request.request_id,
+                consumer_id=consumer_id,
+                consumer_name=request.consumer_name,
+            )
+
+        async def ReceiveMessages(self, request: Any, context: Any) -> Any:
+            queue = consumers[request.consumer_id]
+            while True:
+                yield await queue.get()
+
+        async def Ack(self, request: Any, context: Any) -> Any:
+            return pb.AckResponse(request_id=request.request_id)
 
     class Health(pb_grpc.HealthCheckServicer):  # type: ignore[misc]
         async def HealthCheck(self, request: Any, context: Any) -> Any:
@@ -306,6 +354,7 @@ def _noop_services(url: str) -> list[tuple[Any, Callable[[Any, Any], None]]]:
     return [
         (Discovery(), pb_grpc.add_DiscoveryServicer_to_server),
         (Producers(), pb_grpc.add_ProducerServiceServicer_to_server),
+        (Consumers(), pb_grpc.add_ConsumerServiceServicer_to_server),
         (Health(), pb_grpc.add_HealthCheckServicer_to_server),
     ]
 
@@ -649,7 +698,10 @@ def _child_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description="no-op Danube server (child process mode)")
     parser.add_argument("--noop-server", type=int, metavar="PORT", required=True)
     args = parser.parse_args(argv)
-    asyncio.run(serve_noop(args.noop_server))
+    from danube_ingest.runtime import run_daemon, tune_gc
+
+    tune_gc()  # the broker's runtime: its GC settings and (below) its event loop
+    run_daemon(serve_noop(args.noop_server))
 
 
 if __name__ == "__main__":
