@@ -47,7 +47,7 @@ def test_defaults() -> None:
     assert config.broker.data_dir == Path("data")
     wal = config.storage.wal
     assert config.storage.mode == "wal_cloud"
-    assert (wal.fsync, wal.fsync_interval_ms) == ("always", 0)
+    assert (wal.fsync, wal.fsync_interval_ms, wal.linger_us) == ("always", 0, 1000)
     assert (wal.max_batch_bytes, wal.segment_bytes) == (4 * MiB, 8 * MiB)
     assert (wal.segment_seconds, wal.index_interval_bytes, wal.regions) == (10.0, 65536, 1)
     assert wal.snapshot_on_seal is True
@@ -275,6 +275,8 @@ def test_invalid_mode() -> None:
         ({"limits": {"max_payload_bytes": 0}}, "limits.max_payload_bytes"),
         ({"storage": {"wal": {"fsync_interval_ms": -1}}}, "storage.wal.fsync_interval_ms"),
         ({"storage": {"wal": {"fsync_interval_ms": "1.5ms"}}}, "storage.wal.fsync_interval_ms"),
+        ({"storage": {"wal": {"linger_us": -1}}}, "storage.wal.linger_us"),
+        ({"storage": {"wal": {"linger_us": 2_000_000}}}, "storage.wal.linger_us"),
         ({"storage": {"wal": {"segment_seconds": 0}}}, "storage.wal.segment_seconds"),
         ({"storage": {"wal": {"regions": 0}}}, "storage.wal.regions"),
         ({"storage": {"wal": {"regions": True}}}, "storage.wal.regions"),

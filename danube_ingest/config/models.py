@@ -157,9 +157,21 @@ class WalConfig(_Section):
         default=0,
         ge=0,
         description=(
-            "Longest time the writer lingers to gather a bigger batch before writing and syncing "
-            "it. 0: flush as soon as the writer is idle (appends that arrive during a sync still "
-            "share the next one)."
+            "Time the writer always lingers to gather a bigger batch before writing and syncing "
+            "it, whatever the load (see linger_us for the adaptive wait). 0: flush as soon as the "
+            "writer is idle (appends that arrive during a sync still share the next one)."
+        ),
+    )
+    linger_us: int = Field(
+        default=1000,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "Adaptive group commit, in microseconds: while small appends keep arriving during "
+            "each write and fdatasync (many producers at once, at least two appends per "
+            "linger_us), the writer waits up to this long for more to share the next one; it "
+            "stops early once the stream pauses or the batch reaches 64KiB. An append that "
+            "nothing else arrives beside (one publish in flight) is never delayed. 0: never wait."
         ),
     )
     max_batch_bytes: _Bytes = Field(

@@ -39,7 +39,7 @@ from danube_ingest.errors import (
 )
 from danube_ingest.store.cache import WALCache
 from danube_ingest.wal.framing import Entry, Kind, batch_header, decode_frame, decode_messages
-from danube_ingest.wal.log import FsyncMode, RegionLog, Sealed
+from danube_ingest.wal.log import DEFAULT_LINGER_US, FsyncMode, RegionLog, Sealed
 from danube_ingest.wal.meta import TopicMeta
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ class TopicStore:
         regions: int = 1,
         fsync: FsyncMode = "always",
         fsync_interval_ms: int = 0,
+        linger_us: int = DEFAULT_LINGER_US,
         max_batch_bytes: int = 4 * 1024 * 1024,
         segment_bytes: int = 8 * 1024 * 1024,
         segment_seconds: float = 10.0,
@@ -120,6 +121,7 @@ class TopicStore:
                     region=f"r{i}",
                     fsync=fsync,
                     fsync_interval_ms=fsync_interval_ms,
+                    linger_us=linger_us,
                     max_batch_bytes=max_batch_bytes,
                     segment_bytes=segment_bytes,
                     segment_seconds=segment_seconds,
@@ -142,6 +144,7 @@ class TopicStore:
             regions=wal.regions,
             fsync=wal.fsync,
             fsync_interval_ms=int(wal.fsync_interval_ms),
+            linger_us=wal.linger_us,
             max_batch_bytes=wal.max_batch_bytes,
             segment_bytes=wal.segment_bytes,
             segment_seconds=float(wal.segment_seconds),
