@@ -84,6 +84,9 @@ LINGER_MIN_ARRIVALS = 2
 _GAP_WEIGHT = 0.25
 #: Gaps are counted as at most this long (seconds), so the average recovers quickly from idleness.
 _GAP_CAP = 0.1
+#: Least time (seconds) the lingering writer sleeps between two looks at the queue, so that a
+#: tiny average gap cannot turn the wait into a busy loop.
+_QUIET_FLOOR = 50e-6
 #: Fewer iovecs than this are written with writev (no copy); more are joined first, which is
 #: cheaper than many tiny iovecs and keeps under IOV_MAX.
 _WRITEV_MAX_PIECES = 64
@@ -894,7 +897,7 @@ class _FileBackend:
             return
         queue = self._queue
         deadline = time.monotonic() + self._linger
-        quiet = 2 * gap
+        quiet = max(2 * gap, _QUIET_FLOOR)
         count = len(queue)
         pending = 0
         for chunk in queue:
