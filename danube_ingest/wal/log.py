@@ -833,24 +833,24 @@ class _FileBackend:
                 self._queue.append(chunk)
                 if len(self._queue) == 1:
                     self._cond.notify()
-                if self._in_io:
-                    self._arrived_during_io += 1
-                now = time.monotonic()
-                gap = now - self._last_submit
-                self._last_submit = now
-                self._gap += ((gap if gap < _GAP_CAP else _GAP_CAP) - self._gap) * _GAP_WEIGHT
+                if self._linger > 0:  # what _linger_for_more decides by
+                    if self._in_io:
+                        self._arrived_during_io += 1
+                    now = time.monotonic()
+                    gap = now - self._last_submit
+                    self._last_submit = now
+                    self._gap += ((gap if gap < _GAP_CAP else _GAP_CAP) - self._gap) * _GAP_WEIGHT
         if failure is not None:
             assert self._log is not None
             self._log._failed(failure, [chunk])
 
-    def _take(self, streaming: bool) -> list[_Chunk] | None:
-        """Wait for chunks; return a group that fits ``max_batch_bytes`` (at least one).
-
-        ``streaming``: chunks arrived while the previous group was written and synced, from
-        appenders that did not wait for it, so more are likely to follow (see
-        ``_linger_for_more``).
-        """
+    def _take(self) -> list[_Chunk] | None:
+        """Wait for chunks; return a group that fits ``max_batch_bytes`` (at least one)."""
         with self._cond:
+            # Chunks arrived while the previous group was written and synced (the count stops
+            # when _run announces it), from appenders that did not wait for it: more are likely
+            # to follow (see ``_linger_for_more``).
+            streaming = self._arrived_during_io > 0
             while not self._queue:
                 if self._stopping:
                     return None
@@ -917,9 +917,8 @@ class _FileBackend:
         log = self._log
         assert log is not None
         loop = log._loop
-        streaming = False
         while True:
-            group = self._take(streaming)
+            group = self._take()
             if group is None:
                 break
             try:
@@ -942,9 +941,8 @@ class _FileBackend:
                     loop.call_soon_threadsafe(log._failed, exc, group + rest)
                 break
             # Before the group is announced: what arrives from now on may be its own appenders'
-            # next appends, which waited for it.
+            # next appends, which waited for it, and must not count as a stream.
             self._in_io = False
-            streaming = self._arrived_during_io > 0
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(log._written, group, sealed)
         self._close_active()
