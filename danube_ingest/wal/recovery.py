@@ -40,6 +40,7 @@ from danube_ingest.wal.framing import (
 from danube_ingest.wal.meta import TopicMeta, fsync_dir, read_snapshot
 from danube_ingest.wal.segment import (
     SegmentReader,
+    SegmentWindow,
     find_valid_frame,
     list_segments,
     segment_path,
@@ -88,6 +89,12 @@ _TIME = int(Kind.TIME) | FORMAT_VERSION << 8
 _CHECKPOINT = int(Kind.CHECKPOINT) | FORMAT_VERSION << 8
 _VALID = frozenset(int(kind) | FORMAT_VERSION << 8 for kind in Kind)
 _NOT_CHECKPOINT = "segment does not start with a CHECKPOINT frame"
+
+#: Bytes of a segment read at a time by a scan (a larger frame is read whole). Small enough for
+#: what was just read to still be in the CPU cache when its CRCs are computed (on this machine's
+#: 4 MiB L2, 256 KiB windows scan 1.3x faster than whole 8 MiB segments); large enough that the
+#: per-window cost is small against the frames in it.
+SCAN_WINDOW = 256 * 1024
 
 
 class _Inconsistent(Exception):
@@ -153,7 +160,7 @@ def _frame_error(data: memoryview, position: int) -> FrameError:
 
 
 def _scan_segment(
-    state: RegionState, seq: int, path: Path, data: memoryview, interval: int
+    state: RegionState, seq: int, path: Path, segment: SegmentWindow, interval: int
 ) -> _Scanned:
     """Verify every frame of one segment's bytes and fold them into ``state``, in one pass.
 
@@ -163,6 +170,12 @@ def _scan_segment(
     (``inconsistency``) is not applied either, nor is any later frame, but the rest of the
     segment is still verified, so that the caller can tell a torn tail from corruption just as
     when nothing is inconsistent. ``state.frames_scanned`` counts the frames applied.
+
+    The file is read through a window that moves on whenever its next frame is not all in it
+    (``data`` holds the file's bytes from ``wbase`` on; ``position`` and ``stop`` are relative
+    to it), so each frame is verified while the read has just brought it into the CPU cache. A
+    frame larger than the window is read whole, once its prefix verifies; anything else that
+    does not decode is examined with the whole rest of the file in the window.
     """
     topics = state.topics
     by_id = {t.topic_id: t for t in topics.values()}
@@ -174,15 +187,24 @@ def _scan_segment(
     messages = _MESSAGES
     prefix_size = PREFIX_SIZE
     batch_header_size = BATCH_HEADER_SIZE
+    data = segment.view
+    wbase = 0
     end = len(data)
-    # A frame that ends within a segment of at most MAX_FRAME_BODY bytes after its prefix
-    # cannot be longer than MAX_FRAME_BODY: only longer segments need that check.
+    # A frame that ends within a window of at most MAX_FRAME_BODY bytes after its prefix
+    # cannot be longer than MAX_FRAME_BODY: only longer windows need that check.
     check_max = end > MAX_FRAME_BODY + PREFIX_SIZE
     position = stop = frames = kv = 0
     inconsistency: WalCorruptionError | None = None
     try:
         # Keep the checks in step with _frame_end.
-        while position < end:
+        while True:
+            if position >= end:
+                if segment.eof:
+                    break
+                data = segment.advance(position)
+                wbase, position, end = segment.base, 0, len(data)
+                check_max = end > MAX_FRAME_BODY + PREFIX_SIZE
+                continue
             try:
                 (
                     length,
@@ -197,7 +219,12 @@ def _scan_segment(
             except struct.error:
                 # Fewer bytes left than a prefix and a batch header: no MESSAGES frame fits.
                 if end - position < PREFIX_SIZE:
-                    break
+                    if segment.eof:
+                        break
+                    data = segment.advance(position)
+                    wbase, position, end = segment.base, 0, len(data)
+                    check_max = end > MAX_FRAME_BODY + PREFIX_SIZE
+                    continue
                 length, kv, body_crc, header_crc = _PREFIX.unpack_from(data, position)
                 topic_id = base = count = last_ms = 0
             start = position + prefix_size
@@ -209,7 +236,15 @@ def _scan_segment(
                 or crc(data[position : position + 12]) != header_crc
                 or crc(data[start:stop]) != body_crc
             ):
-                break
+                if segment.eof:
+                    break
+                if stop > end and _prefix_verifies(data, position):
+                    data = segment.advance(position, prefix_size + length)  # the frame, whole
+                else:
+                    data = segment.rest(position)  # all that follows the damage
+                wbase, position, end = segment.base, 0, len(data)
+                check_max = end > MAX_FRAME_BODY + PREFIX_SIZE
+                continue
             if kv == messages:
                 if length < batch_header_size:
                     batch_header(data[start:stop])  # raises its CorruptFrameError
@@ -223,24 +258,24 @@ def _scan_segment(
                     # First frame of a topic unknown to the snapshot: its earlier segments may
                     # have been pruned, so it need not start at offset 0.
                     topic.next_offset = topic.first_offset = base
-                # topic.note_frame(seq, position, base, count, first_ms, last_ms, interval),
-                # with its common case inlined: the frame continues the topic's span in this
-                # segment.
+                # topic.note_frame(seq, at, base, count, first_ms, last_ms, interval), with its
+                # common case inlined: the frame continues the topic's span in this segment.
+                at = wbase + position
                 spans = topic.spans
                 if spans and (span := spans[-1]).seq == seq:
                     span.last_offset = base + count - 1
                     span.last_ingest_ms = last_ms
-                    if position - topic.last_index_pos >= interval:
-                        span.index.append((base, position))
-                        topic.last_index_pos = position
+                    if at - topic.last_index_pos >= interval:
+                        span.index.append((base, at))
+                        topic.last_index_pos = at
                 else:
                     (first_ms,) = _FIRST_MS.unpack_from(data, start + _FIRST_MS_OFFSET)
-                    topic.note_frame(seq, position, base, count, first_ms, last_ms, interval)
+                    topic.note_frame(seq, at, base, count, first_ms, last_ms, interval)
                 topic.next_offset = topic.hwm = base + count
                 if last_ms > topic.last_ingest_ms:
                     topic.last_ingest_ms = last_ms
             elif kv == _TOPIC:
-                if position == 0:
+                if wbase + position == 0:
                     raise _Inconsistent(_NOT_CHECKPOINT)
                 topic_id, name = decode_topic(data[start:stop])
                 existing = topics.get(name)
@@ -255,7 +290,7 @@ def _scan_segment(
                 in_segment[topic_id] = existing
                 state.next_topic_id = max(state.next_topic_id, topic_id + 1)
             elif kv == _TIME:
-                if position == 0:
+                if wbase + position == 0:
                     raise _Inconsistent(_NOT_CHECKPOINT)
                 topic_id, next_offset, ingest_ms = decode_time(data[start:stop])
                 try:
@@ -272,19 +307,22 @@ def _scan_segment(
                 topic.last_ingest_ms = max(topic.last_ingest_ms, ingest_ms)
             else:  # CHECKPOINT
                 cp_seq, _created, _region = decode_checkpoint(data[start:stop])
-                if position != 0 or cp_seq != seq:
+                if wbase + position != 0 or cp_seq != seq:
                     raise _Inconsistent(f"unexpected CHECKPOINT for segment {cp_seq}")
             frames += 1
             position = stop
     except (_Inconsistent, FrameError) as exc:
         # (A FrameError here is a body that does not decode despite valid CRCs.)
         reason = exc.reason if isinstance(exc, _Inconsistent) else str(exc)
-        if position == 0 and kv != _CHECKPOINT:
+        if wbase + position == 0 and kv != _CHECKPOINT:
             reason = _NOT_CHECKPOINT
-        inconsistency = WalCorruptionError(str(path), position, reason)
+        inconsistency = WalCorruptionError(str(path), wbase + position, reason)
         applied = frames
         frames += 1
         position = stop
+        if not segment.eof:
+            data = segment.rest(position)
+            wbase, position, end = segment.base, 0, len(data)
         while position < end:
             stop = _frame_end(data, position)
             if stop < 0:
@@ -295,15 +333,30 @@ def _scan_segment(
         applied = frames
     state.frames_scanned += applied
     if position >= end:
-        return _Scanned(frames, position, None, None, inconsistency)
+        return _Scanned(frames, wbase + position, None, None, inconsistency)
     error = _frame_error(data, position)
+    error.position += wbase
     # A TruncatedFrameError means fewer bytes than a prefix are left, or the prefix passed its
     # CRC and its length runs past the end: all that follows is one incomplete frame (a torn
     # tail). A "valid frame" found inside it would be a payload's bytes, not a frame boundary.
     resync = (
         None if isinstance(error, TruncatedFrameError) else find_valid_frame(data, position + 1)
     )
-    return _Scanned(frames, position, error, resync, inconsistency)
+    return _Scanned(
+        frames, wbase + position, error, None if resync is None else wbase + resync, inconsistency
+    )
+
+
+def _prefix_verifies(data: memoryview, position: int) -> bool:
+    """Whether the frame prefix at ``position`` is whole and valid (its length can be trusted)."""
+    if len(data) - position < PREFIX_SIZE:
+        return False
+    length, kv, _body_crc, header_crc = _PREFIX.unpack_from(data, position)
+    return (
+        kv in _VALID
+        and length <= MAX_FRAME_BODY
+        and crc32c(data[position : position + 12]) == header_crc
+    )
 
 
 def _settle(state: RegionState) -> None:
@@ -377,10 +430,10 @@ def recover_region(region_dir: Path, index_interval: int = 64 * 1024) -> RegionS
         if seq < start_seq:
             state.segments[seq] = path.stat().st_size
             continue
-        with reader.open(path) as data:
+        with reader.open(path, SCAN_WINDOW) as segment:
+            result = _scan_segment(state, seq, path, segment, index_interval)
             # The size scanned, which another process may have changed since the listing.
-            read = state.segments[seq] = len(data)
-            result = _scan_segment(state, seq, path, data, index_interval)
+            read = state.segments[seq] = segment.total
         state.bytes_scanned += read
         if result.error is not None:
             newest = seq == seqs[-1]
@@ -446,10 +499,10 @@ def verify_region(region_dir: Path, index_interval: int = 64 * 1024) -> VerifyRe
     reader = SegmentReader()
     for seq in seqs:
         path = segment_path(region_dir, seq)
-        with reader.open(path) as data:
+        with reader.open(path, SCAN_WINDOW) as segment:
+            result = _scan_segment(state, seq, path, segment, index_interval)
             report.segments += 1
-            report.bytes += len(data)
-            result = _scan_segment(state, seq, path, data, index_interval)
+            report.bytes += segment.total
         if result.inconsistency is not None:
             report.corruption = result.inconsistency
             break

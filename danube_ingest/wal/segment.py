@@ -53,54 +53,123 @@ def list_segments(region_dir: Path) -> list[int]:
 
 
 class SegmentReader:
-    """Reads whole segment files, one at a time, into one buffer reused from file to file.
+    """Reads segment files front to back, one at a time, into one buffer reused from file to file.
 
-    ``open(path)`` is a context manager yielding a view of the file's bytes, from its start to
-    where a read found its end, that is valid until the ``with`` block ends; no slice of it may
-    outlive the block (the next file is read into the same buffer). The file is read, never
-    mapped (see the module docstring): a failed read raises :class:`OSError` with the errno of
-    the failure and the file's path, and a file that another process truncates or extends while
-    it is read yields the bytes the reads found.
+    ``open(path, window)`` is a context manager yielding a :class:`SegmentWindow`: a view of the
+    file's next bytes, at least ``window`` of them while the file lasts (``window=None``: the
+    whole file at once). A scan moves through the file with ``SegmentWindow.advance``; it never
+    holds more than the window (or the one frame it is looking at, if that is larger) in memory,
+    and each byte is verified while it is still in the CPU cache the read brought it into. The
+    views are only valid inside the block (the next file is read into the same buffer). The file
+    is read, never mapped (see the module docstring): a failed read raises :class:`OSError` with
+    the errno of the failure and the file's path, and a file that another process truncates or
+    extends while it is read yields the bytes the reads found.
     """
 
     def __init__(self) -> None:
         self._buf = bytearray()
 
     @contextmanager
-    def open(self, path: Path) -> Iterator[memoryview]:
+    def open(self, path: Path, window: int | None = None) -> Iterator[SegmentWindow]:
         fd = os.open(path, os.O_RDONLY)
         try:
-            view = self._read(fd, path)
+            segment = SegmentWindow(self, fd, path, window)
+            yield segment
         finally:
             os.close(fd)
-        with view:
-            yield view
+        segment.view.release()
 
-    def _read(self, fd: int, path: Path) -> memoryview:
-        """The bytes of ``fd`` to end of file, in the reused buffer."""
+
+class SegmentWindow:
+    """The part of a segment file read so far and not yet dropped (see :class:`SegmentReader`).
+
+    ``view`` holds the file's bytes ``[base, base + len(view))``; ``eof`` is True once a read
+    found the end of the file, so ``view`` then runs to the end and ``total`` is the file's size.
+    """
+
+    __slots__ = ("_fd", "_path", "_reader", "_window", "base", "eof", "view")
+
+    def __init__(self, reader: SegmentReader, fd: int, path: Path, window: int | None) -> None:
+        self._reader = reader
+        self._fd = fd
+        self._path = path
+        self._window = window
+        self.base = 0
+        self.eof = False
+        self.view = memoryview(reader._buf)[:0]
+        if window is None:
+            self.rest(0)
+        else:
+            self.advance(0)
+
+    @property
+    def total(self) -> int:
+        """Bytes of the file up to the end of the window (its size once ``eof``)."""
+        return self.base + len(self.view)
+
+    def advance(self, keep: int, need: int = 0) -> memoryview:
+        """Drop the window's bytes before ``keep`` and read on; return the new ``view``.
+
+        Reads a window's worth of bytes more than it keeps, and more if the window must hold
+        ``need`` bytes, or until the file ends.
+        """
+        more = len(self.view) - keep + (self._window or 1)
+        return self._move(keep, need if need > more else more, grow=False)
+
+    def rest(self, keep: int) -> memoryview:
+        """Like ``advance``, but read the whole rest of the file into the window."""
         try:
-            size = os.fstat(fd).st_size
-            buf = self._buf
-            if len(buf) <= size:
-                # One spare byte at least: a read that fills the buffer may not be at EOF.
-                buf = self._buf = bytearray(size + size // 16 + 4096)
-            view = memoryview(buf)
-            n = 0
-            while True:
-                got = os.readv(fd, [view[n:]])
-                if not got:
-                    return view[:n]
-                n += got
-                if n == len(buf):
-                    # The file grew while we read it.
-                    bigger = bytearray(2 * n)
-                    bigger[:n] = view
-                    buf = self._buf = bigger
-                    view = memoryview(buf)
+            rest = os.fstat(self._fd).st_size - self.total
         except OSError as exc:
-            # The errors of fstat and readv do not name the file.
-            reason = f"{exc.strerror or exc} while reading WAL segment"
-            raise OSError(exc.errno, reason, str(path)) from exc
+            raise _named(exc, self._path) from exc
+        # One spare byte at least: a read that fills the buffer may not be at EOF.
+        return self._move(keep, len(self.view) - keep + max(rest, 0) + 4096, grow=True)
+
+    def _move(self, keep: int, cap: int, *, grow: bool) -> memoryview:
+        old = self.view
+        kept = len(old) - keep
+        reader = self._reader
+        buf = reader._buf
+        if len(buf) < cap:
+            # Twice the window at least, so that a window plus what it keeps of the last one
+            # fits without a new buffer each time.
+            window = self._window or 0
+            buf = reader._buf = bytearray(max(cap + cap // 16, 2 * window))
+        if kept:
+            # The source may overlap the destination: copy through bytes unless it lies after.
+            buf[:kept] = old[keep:] if keep >= kept or buf is not old.obj else bytes(old[keep:])
+        old.release()
+        self.base += keep
+        n = kept
+        fd = self._fd
+        view = memoryview(buf)
+        try:
+            while n < cap:
+                got = os.readv(fd, [view[n:cap]])
+                if not got:
+                    self.eof = True
+                    break
+                n += got
+                if grow and n == cap:
+                    # The file grew while we read it.
+                    cap = 2 * n
+                    if cap > len(buf):
+                        bigger = reader._buf = bytearray(cap)
+                        bigger[:n] = view[:n]
+                        view.release()
+                        view, buf = memoryview(bigger), bigger
+        except OSError as exc:
+            view.release()
+            raise _named(exc, self._path) from exc
+        self.view = view[:n]
+        view.release()
+        return self.view
+
+
+def _named(exc: OSError, path: Path) -> OSError:
+    # The errors of fstat and readv do not name the file.
+    reason = f"{exc.strerror or exc} while reading WAL segment"
+    return OSError(exc.errno, reason, str(path))
 
 
 @dataclass(slots=True)

@@ -21,7 +21,14 @@ from crc32c import crc32c
 
 from danube_ingest.errors import WalCorruptionError
 from danube_ingest.store import TopicStore
-from danube_ingest.wal import RegionLog, RegionState, recover_region, repair_region, verify_region
+from danube_ingest.wal import (
+    RegionLog,
+    RegionState,
+    recover_region,
+    recovery,
+    repair_region,
+    verify_region,
+)
 from danube_ingest.wal.framing import (
     Entry,
     FrameInfo,
@@ -40,6 +47,16 @@ from danube_ingest.wal.segment import list_segments, scan, segment_path
 OpenLog = Callable[..., Awaitable[RegionLog]]
 OpenStore = Callable[..., Awaitable[TopicStore]]
 Appended = dict[str, list[Entry]]
+
+
+@pytest.fixture(autouse=True, params=[recovery.SCAN_WINDOW, 48, 4099], ids=lambda w: f"window{w}")
+def scan_window(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Each test runs with the default scan window, with one smaller than almost every frame
+    (each frame is then read whole through ``advance``'s ``need``) and with an odd size that
+    cuts frames, prefixes and batch headers anywhere."""
+    window: int = request.param
+    monkeypatch.setattr(recovery, "SCAN_WINDOW", window)
+    return window
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -162,7 +179,8 @@ def summary(state: RegionState) -> dict[str, object]:
                 t.first_offset,
                 t.next_offset,
                 t.hwm,
-                [(s.seq, s.first_offset, s.last_offset) for s in t.spans],
+                # The index too: where each span's frames sit in its segment file.
+                [(s.seq, s.first_offset, s.last_offset, s.index) for s in t.spans],
             )
             for t in state.topics.values()
         },

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -105,8 +106,10 @@ def test_segment_reader_gives_each_whole_file_in_turn(
     for i, data in enumerate([os.urandom(5000), b"", os.urandom(100), os.urandom(70_000)]):
         path = tmp_path / f"f{i}"
         path.write_bytes(data)
-        with reader.open(path) as view:
+        with reader.open(path) as segment:
+            view = segment.view
             assert bytes(view) == data
+            assert segment.eof and segment.total == len(data)
         with pytest.raises(ValueError):
             bytes(view)  # released with the block: its bytes belong to the next file
 
@@ -123,8 +126,43 @@ def test_segment_reader_gives_each_whole_file_in_turn(
         return real(fd, buffers)
 
     monkeypatch.setattr(os, "readv", readv)
-    with reader.open(path) as view:
-        assert bytes(view) == b"a" * 1000 + b"b" * 200_000
+    with reader.open(path) as segment:
+        assert bytes(segment.view) == b"a" * 1000 + b"b" * 200_000
+
+
+@pytest.mark.parametrize("window", [1, 7, 4096, 65536])
+def test_segment_window_moves_through_the_file(tmp_path: Path, window: int) -> None:
+    # A scan's moves: keep an arbitrary tail of the window, sometimes ask for a larger piece
+    # (a frame bigger than the window), sometimes for all the rest (damage). The view always
+    # holds exactly the file's bytes [base, base + len(view)), one reused buffer serves every
+    # file, and what a move keeps may overlap where it goes.
+    rng = random.Random(window)
+    reader = SegmentReader()
+    for size in (0, 1, 5000, 300_000 if window > 1000 else 20_000):
+        data = rng.randbytes(size)
+        path = tmp_path / f"w{window}-{size}"
+        path.write_bytes(data)
+        with reader.open(path, window) as segment:
+            base = 0
+            while True:
+                view = segment.view
+                assert segment.base == base
+                assert bytes(view) == data[base : segment.total]
+                if segment.eof:
+                    break
+                assert len(view) >= min(window, size - segment.base)
+                keep = rng.randrange(len(view) + 1)
+                if rng.random() < 0.02:
+                    segment.rest(keep)
+                    assert segment.eof
+                elif rng.random() < 0.2:
+                    need = rng.randrange(1, 3 * window + 2)
+                    segment.advance(keep, need)
+                    assert len(segment.view) >= min(need, size - segment.base)
+                else:
+                    segment.advance(keep)
+                base += keep
+            assert segment.total == size and bytes(segment.view) == data[segment.base :]
 
 
 # -- scanning --------------------------------------------------------------------------------
