@@ -19,6 +19,10 @@ ceiling the broker keeps. (For ``e2e_latency.py`` it also relays: Subscribe, Rec
 and Ack, where every message a producer sends is handed at once to the streams subscribed to
 its topic, from memory, and acks are answered and forgotten.)
 
+Reference (``memory_*``): the same broker with ``storage.mode: memory`` (no WAL, nothing on
+disk; its own child process and etcd prefix), same client and concurrent workload, in the same
+rounds: the share of the ceiling the broker keeps before durability costs anything.
+
 Workloads (100-byte payloads, ``DispatchStrategy.RELIABLE``, one topic):
 
 * ``value`` / ``baseline``: ``PRODUCERS`` producers x ``TASKS_PER_PRODUCER`` tasks, each task
@@ -83,7 +87,17 @@ storage:
     fsync: always
 """
 
+#: The reference broker: the same daemon with ``storage.mode: memory`` (no WAL, no disk; its own
+#: etcd prefix, so the two brokers do not share topics).
+MEMORY_BROKER_YAML = BROKER_YAML.replace("/danube-bench", "/danube-bench-memory").replace(
+    "mode: local_only", "mode: memory"
+)
+assert MEMORY_BROKER_YAML != BROKER_YAML and "mode: memory" in MEMORY_BROKER_YAML
+
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+#: Servers that also run the sequential (one send in flight) windows.
+SEQ_SERVERS = ("broker", "noop")
 
 
 # -- child processes -------------------------------------------------------------------------
@@ -148,12 +162,12 @@ class BrokerChild:
         from danube_ingest.testing import free_port
 
         self.config_yaml = config_yaml
-        self.data_dir = work / "broker"
+        self.data_dir = work / broker_id
         self.etcd_endpoint = etcd_endpoint
         self.broker_id = broker_id
         self.port = free_port()
-        self.log_path = work / "broker.log"
-        self.stats_path = work / "broker-fdatasync.bin"
+        self.log_path = work / f"{broker_id}.log"
+        self.stats_path = work / f"{broker_id}-fdatasync.bin"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -527,25 +541,26 @@ def fmt(res: dict[str, float]) -> str:
     return text
 
 
-async def bench(broker: Server, noop: Server, probe_dir: Path) -> dict[str, Any]:
-    servers = {"broker": broker, "noop": noop}
+async def bench(servers: dict[str, Server], probe_dir: Path) -> dict[str, Any]:
+    """Interleaved rounds: every server's concurrent window (the first server goes first in
+    even rounds, last in odd ones), then the sequential windows of "broker" and "noop"."""
     clients: dict[str, Any] = {}
     producers: dict[str, list[Any]] = {}
     for name, server in servers.items():
         clients[name] = await open_client(server.url)
         producers[name] = await make_producers(clients[name], PRODUCERS, f"bench-{name}")
     conc: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
-    seq: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
-    seq_lat: dict[str, list[float]] = {name: [] for name in servers}
+    seq: dict[str, list[dict[str, float]]] = {name: [] for name in SEQ_SERVERS}
+    seq_lat: dict[str, list[float]] = {name: [] for name in SEQ_SERVERS}
     disk: list[float] = []
     try:
         for rnd in range(ROUNDS):
-            order = ["broker", "noop"] if rnd % 2 == 0 else ["noop", "broker"]
+            order = list(servers) if rnd % 2 == 0 else list(reversed(servers))
             for name in order:
                 res = await run_concurrent(producers[name], servers[name])
                 conc[name].append(res)
                 say(f"  round {rnd + 1} {name:6} {PRODUCERS}x{TASKS_PER_PRODUCER}: {fmt(res)}")
-            for name in order:
+            for name in (n for n in order if n in SEQ_SERVERS):
                 res, lat = await run_sequential(producers[name][0], servers[name])
                 seq[name].append(res)
                 seq_lat[name] += lat
@@ -586,25 +601,30 @@ def main() -> None:
 
     with bench_dir("publish") as work, LocalEtcd() as etcd:
         broker = BrokerChild(work, etcd.endpoint)
+        memory = BrokerChild(
+            work, etcd.endpoint, "bench-broker-memory", config_yaml=MEMORY_BROKER_YAML
+        )
         noop = NoopServerProcess(work)
         try:
             broker.start()
+            memory.start()
             noop.start()
-            out = asyncio.run(
-                bench(
-                    Server("broker", broker.url, broker.pid, broker.fdatasync_stats),
-                    Server("noop", noop.url, noop.pid, None),
-                    work,
-                )
-            )
+            servers = {
+                "broker": Server("broker", broker.url, broker.pid, broker.fdatasync_stats),
+                "memory": Server("memory", memory.url, memory.pid, None),
+                "noop": Server("noop", noop.url, noop.pid, None),
+            }
+            out = asyncio.run(bench(servers, work))
             broker_rss = proc_rss_mib(broker.pid)
             noop_rss = proc_rss_mib(noop.pid)
         finally:
             noop.stop()
+            memory.stop()
             broker.stop()
 
     conc_b = summarize(out["conc"]["broker"])
     conc_n = summarize(out["conc"]["noop"])
+    conc_m = summarize(out["conc"]["memory"])
     seq_b = summarize(out["seq"]["broker"])
     seq_n = summarize(out["seq"]["noop"])
     lat_b = out["seq_lat"]["broker"]
@@ -626,6 +646,12 @@ def main() -> None:
         f"{conc_n['client_cpu_us_per_msg']:.0f}; (client+no-op)/(client+broker) "
         f"{ratio(cpu_n, cpu_b):.3f}; broker {conc_b['msgs_per_fdatasync']:.1f} msgs/fdatasync, "
         f"{conc_b['fdatasyncs_per_s']:,.0f} fdatasync/s"
+    )
+    say(
+        f"  reference: the same broker with storage.mode memory (no WAL) "
+        f"{conc_m['rate']:,.0f} msg/s, ratio {ratio(conc_m['rate'], baseline):.3f}, "
+        f"{conc_m['server_cpu_us_per_msg']:.0f} CPU-us/msg: what the broker keeps of the "
+        f"ceiling before durability costs anything"
     )
     say(
         f"sequential (median of {ROUNDS}): broker {seq_b['rate']:,.0f} msg/s, no-op "
@@ -667,6 +693,13 @@ def main() -> None:
         "broker_fdatasyncs_per_s": conc_b["fdatasyncs_per_s"],
         "broker_fdatasync_mean_ms": conc_b["fdatasync_mean_ms"],
         "broker_fdatasync_busy_share": conc_b["fdatasync_busy_share"],
+        "memory_value": conc_m["rate"],
+        "memory_ratio": ratio(conc_m["rate"], baseline),
+        "memory_runs": [r["rate"] for r in out["conc"]["memory"]],
+        "memory_cpu_us_per_msg": conc_m["server_cpu_us_per_msg"],
+        "memory_client_cpu_us_per_msg": conc_m["client_cpu_us_per_msg"],
+        "memory_meaning": "the same broker with storage.mode memory (no WAL, nothing on disk), "
+        "same client and workload, concurrent case; memory_ratio = memory_value / baseline",
         "seq_value": seq_b["rate"],
         "seq_baseline": seq_n["rate"],
         "seq_ratio": seq_ratio,

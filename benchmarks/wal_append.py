@@ -17,14 +17,17 @@ three times interleaved; the medians are reported, since this machine's disk is 
 Extras (all measured in the same run, see docs/benchmarks.md):
 
 * ``batched_1_*`` / ``batched_4_*``: ``append_batch`` of 1024 entries per call, one caller and
-  four concurrent callers, against the same baseline.
+  four concurrent callers, against the same baseline. ``entry_build_*``: what building those
+  entries (``Entry(payload)``, in the caller) costs per message alone, also as a share of the
+  baseline's whole time per message.
 * ``raw_disk_*``: the raw-disk ceiling: the baseline's pre-framed bytes (one batch, 1024
   messages), written with ``os.write`` + ``os.fdatasync`` only, nothing computed per message.
 * ``latency_*``: one task appending sequentially (one append in flight) against a raw loop of a
   116-byte ``os.write`` + ``os.fdatasync``; p50/p99 in ms; ``latency_p99_margin_ms`` is store p99
   minus raw p99.
 * ``mib1_*``: 1 MiB payloads, one in flight and four in flight, against a raw loop of 1 MiB
-  ``os.write`` + ``os.fdatasync``; MiB/s of payload.
+  ``os.write`` + ``os.fdatasync``; MiB/s of payload. ``mib1_raw4_*``: a raw loop of the write
+  the store makes with four in flight (4 MiB in one ``os.writev``, one ``os.fdatasync``).
 * ``uvloop_*``: the main measurement once more on a uvloop event loop (if importable).
 * ``prototype_*``: the issue's comparator, driven by the main figure's 1024 tasks: a minimal
   asyncio group-commit log (``PrototypeLog``) with one future per append, struct+crc32c framing
@@ -201,6 +204,44 @@ def raw_sync_latencies(path: Path, count: int) -> list[float]:
 def raw_big(path: Path, seconds: float) -> float:
     """MiB/s of 1 MiB os.write + fdatasync, growing one file."""
     return _write_sync_rate(path, BIG, 4, seconds)
+
+
+def raw_big4(path: Path, seconds: float) -> float:
+    """MiB/s of 4 MiB writes (four 1 MiB buffers, one os.writev) + one fdatasync each: the
+    group the store writes with four 1 MiB appends in flight."""
+    fd = _open_new(path)
+    n = 0
+    start = 0.0
+    deadline = float("inf")
+    group = [BIG] * 4
+    try:
+        while True:
+            os.writev(fd, group)
+            os.fdatasync(fd)
+            n += 1
+            if n == 2:
+                start = time.perf_counter()
+                deadline = start + seconds
+            elif n > 2 and time.perf_counter() >= deadline:
+                break
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+    return (n - 2) * 4 / elapsed
+
+
+def entry_build_us() -> float:
+    """Microseconds per message to build ``append_batch``'s entries: the batched caller's
+    ``[Entry(payload) for _ in range(1024)]``, which the store's figure includes (best of 20)."""
+    best = float("inf")
+    payload = PAYLOAD
+    for _ in range(20):
+        t = time.perf_counter()
+        for _ in range(10):
+            entries = [Entry(payload) for _ in range(BATCH)]
+        best = min(best, (time.perf_counter() - t) / (10 * BATCH))
+    del entries
+    return best * 1e6
 
 
 # -- TopicStore measurements -----------------------------------------------------------------
@@ -555,6 +596,13 @@ def main() -> None:
             f"{res['cpu_us_per_msg']:.2f} CPU-us/msg"
         )
 
+    entry_us = entry_build_us()
+    say(
+        f"  building the entries alone ([Entry(payload) for _ in range({BATCH})]): "
+        f"{entry_us:.3f} us/msg = {entry_us * baseline / 1e6:.2f} of the baseline's whole "
+        f"time per message"
+    )
+
     raw_lat: list[float] = []
     store_lat: list[float] = []
     for _ in range(LATENCY_ROUNDS):
@@ -579,19 +627,26 @@ def main() -> None:
     )
 
     raw_big_runs = []
+    raw_big4_runs = []
     big_seq_runs = []
     big_4_runs = []
     for _ in range(BIG_ROUNDS):
         raw_big_runs.append(in_dir(lambda d: raw_big(d / "big.log", BIG_SECONDS)))
+        raw_big4_runs.append(in_dir(lambda d: raw_big4(d / "big4.log", BIG_SECONDS)))
         big_seq_runs.append(in_dir(lambda d: run_async(store_big(d, 1))))
         big_4_runs.append(in_dir(lambda d: run_async(store_big(d, 4))))
     big_raw = median(raw_big_runs)
+    big_raw4 = median(raw_big4_runs)
     big_seq = median(big_seq_runs)
     big_4 = median(big_4_runs)
     say(
         f"1 MiB appends (median of {BIG_ROUNDS}): 1 in flight {big_seq:,.0f} MiB/s, 4 in flight "
         f"{big_4:,.0f} MiB/s | raw 1 MiB write+fdatasync {big_raw:,.0f} MiB/s | ratios "
         f"{ratio(big_seq, big_raw):.3f} / {ratio(big_4, big_raw):.3f} (goal >= {GOAL_BIG})"
+    )
+    say(
+        f"  raw 4 MiB writev+fdatasync (the store's write with 4 in flight) {big_raw4:,.0f} MiB/s;"
+        f" store 4 in flight / that {ratio(big_4, big_raw4):.3f}"
     )
 
     main_ratio = ratio(value, baseline)
@@ -646,6 +701,10 @@ def main() -> None:
         "batched_4_cpu_us_per_msg": batched[4]["cpu_us_per_msg"],
         "batched_goal_ratio": GOAL_BATCHED,
         "batched_goal_met": min(b1, b4) / baseline >= GOAL_BATCHED,
+        "entry_build_us_per_msg": entry_us,
+        "entry_build_share_of_baseline": entry_us * baseline / 1e6,
+        "entry_build_meaning": "us per message to build append_batch's Entry objects in the "
+        "caller (part of the batched figures); share = that / the baseline's us per message",
         "raw_disk_value": raw_value,
         "raw_disk_runs": raw_runs,
         "raw_disk_ratio": ratio(value, raw_value),
@@ -666,6 +725,11 @@ def main() -> None:
         "mib1_goal_ratio": GOAL_BIG,
         "mib1_goal_met": min(big_seq, big_4) / big_raw >= GOAL_BIG,
         "mib1_raw_runs": raw_big_runs,
+        "mib1_raw4_mib_s": big_raw4,
+        "mib1_raw4_runs": raw_big4_runs,
+        "mib1_4inflight_vs_raw4": ratio(big_4, big_raw4),
+        "mib1_raw4_meaning": "raw 4 MiB writev (4 x 1 MiB) + fdatasync: the write the store makes "
+        "with 4 appends in flight; mib1_4inflight_vs_raw4 = store 4-in-flight MiB/s / that",
         "mib1_seq_runs": big_seq_runs,
         "mib1_4inflight_runs": big_4_runs,
         "elapsed_s": time.perf_counter() - t_start,
