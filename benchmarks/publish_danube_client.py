@@ -1,6 +1,6 @@
 """Reliable publish throughput through the real danube-client, broker vs a no-op gRPC server.
 
-Run: ``.venv/bin/python benchmarks/publish_danube_client.py`` (no arguments, ~35 s on 2 cores).
+Run: ``.venv/bin/python benchmarks/publish_danube_client.py`` (no arguments, ~45 s on 2 cores).
 
 Setup: a real local etcd (``danube_ingest.testing.LocalEtcd``) and the real broker in a child
 process: the ``danube-ingest broker`` command ``danube_ingest.testing.BrokerProcess`` runs, with
