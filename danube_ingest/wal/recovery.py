@@ -198,7 +198,9 @@ def _scan_segment(
     try:
         # Keep the checks in step with _frame_end.
         while True:
-            if position >= end:
+            if end - position < prefix_size:
+                # Not even a frame prefix left in the window (at the end of the file: the
+                # segment ends here, or in a torn prefix).
                 if segment.eof:
                     break
                 data = segment.advance(position)
@@ -218,13 +220,6 @@ def _scan_segment(
                 ) = unpack_frame(data, position)
             except struct.error:
                 # Fewer bytes left than a prefix and a batch header: no MESSAGES frame fits.
-                if end - position < PREFIX_SIZE:
-                    if segment.eof:
-                        break
-                    data = segment.advance(position)
-                    wbase, position, end = segment.base, 0, len(data)
-                    check_max = end > MAX_FRAME_BODY + PREFIX_SIZE
-                    continue
                 length, kv, body_crc, header_crc = _PREFIX.unpack_from(data, position)
                 topic_id = base = count = last_ms = 0
             start = position + prefix_size
