@@ -39,7 +39,7 @@ from danube_ingest.errors import (
 )
 from danube_ingest.store.cache import WALCache
 from danube_ingest.wal.framing import Entry, Kind, batch_header, decode_frame, decode_messages
-from danube_ingest.wal.log import DEFAULT_LINGER_US, FsyncMode, RegionLog, Sealed
+from danube_ingest.wal.log import DEFAULT_LINGER_US, FsyncMode, Group, RegionLog, Sealed
 from danube_ingest.wal.meta import TopicMeta
 
 if TYPE_CHECKING:
@@ -283,13 +283,13 @@ class TopicStore:
         assert info is not None
         return info
 
-    def _on_durable(self, groups: list[tuple[TopicMeta, list[Entry], int]]) -> None:
+    def _on_durable(self, groups: list[Group]) -> None:
         if self._max_wal_bytes is not None:
             self.refresh_backpressure()
         cache = self._cache
-        for topic, entries, nbytes in groups:
+        for topic, entries, nbytes, body in groups:
             if entries:
-                cache.extend(topic, entries, nbytes)
+                cache.extend(topic, entries, nbytes, body)
             waiters = topic.waiters
             if waiters:
                 topic.waiters = []

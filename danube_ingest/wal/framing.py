@@ -387,11 +387,15 @@ def batch_header(body: memoryview | bytes) -> BatchHeader:
     return BatchHeader._make(_BATCH.unpack_from(body, 0))
 
 
-def decode_messages(body: memoryview | bytes) -> tuple[BatchHeader, list[Entry]]:
+def decode_messages(
+    body: memoryview | bytes, skip: int = 0, limit: int | None = None
+) -> tuple[BatchHeader, list[Entry]]:
     """Decode a MESSAGES body into its header and entries (offsets filled in).
 
-    The hot loop of every catch-up read: entries are built without a keyword call, and a
-    producer name equal to the previous entry's is not decoded again.
+    With ``skip`` and ``limit``, only entries ``[skip, skip + limit)`` are built (the ones
+    skipped are only walked over; the body's end is checked only when the last entry is
+    decoded). The hot loop of every catch-up read: entries are built without a keyword call,
+    and a producer name equal to the previous entry's is not decoded again.
     """
     header = batch_header(body)
     data = bytes(body)
@@ -402,12 +406,23 @@ def decode_messages(body: memoryview | bytes) -> tuple[BatchHeader, list[Entry]]
     entry_size = _ENTRY.size
     attr_unpack = _ATTR.unpack_from
     attr_size = _ATTR.size
-    offset = header.base_offset
+    skip = min(max(skip, 0), header.num_entries)
+    count = header.num_entries - skip
+    if limit is not None and limit < count:
+        count = max(limit, 0)
+    offset = header.base_offset + skip
     new = Entry.__new__
     last_name_b = b""
     last_name = ""
     try:
-        for _ in range(header.num_entries):
+        for _ in range(skip):
+            *_fields, name_len, key_len, attr_count, payload_len = unpack(data, pos)
+            pos += entry_size + name_len + key_len
+            for _a in range(attr_count):
+                klen, vlen = attr_unpack(data, pos)
+                pos += attr_size + klen + vlen
+            pos += payload_len
+        for _ in range(count):
             (
                 ingest_ms,
                 publish_ms,
@@ -466,7 +481,7 @@ def decode_messages(body: memoryview | bytes) -> tuple[BatchHeader, list[Entry]]
             offset += 1
     except (struct.error, UnicodeDecodeError) as exc:
         raise CorruptFrameError(f"MESSAGES body does not decode: {exc}") from exc
-    if pos != len(data):
+    if skip + count == header.num_entries and pos != len(data):
         raise CorruptFrameError(f"MESSAGES body has {len(data) - pos} trailing bytes")
     return header, entries
 

@@ -91,9 +91,13 @@ _QUIET_FLOOR = 50e-6
 #: cheaper than many tiny iovecs and keeps under IOV_MAX.
 _WRITEV_MAX_PIECES = 64
 
-#: Called with (topic, entries, encoded bytes) groups once they are durable, in offset order.
-#: A TIME marker appears as (topic, [], next offset after the marker).
-DurableCallback = Callable[[list[tuple[TopicMeta, list[Entry], int]]], None]
+#: A group of one topic's entries written in one MESSAGES frame: (topic, entries, encoded
+#: bytes of the frame, the parts of its body). A TIME marker appears as
+#: (topic, [], next offset after the marker, None).
+Group = tuple[TopicMeta, list[Entry], int, Sequence[bytes] | None]
+
+#: Called with the groups of a commit once they are durable, in offset order.
+DurableCallback = Callable[[list[Group]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +204,7 @@ class _Chunk:
     def __init__(self, future: _Batch | None) -> None:
         self.future = future
         self.pieces: list[bytes] = []
-        self.groups: list[tuple[TopicMeta, list[Entry], int]] = []
+        self.groups: list[Group] = []
         self.seq = -1
         self.end = 0
         self.rotate_to: int | None = None
@@ -510,7 +514,7 @@ class RegionLog:
                     size += len(piece)
                 position += size
                 pieces.extend(frame_pieces)
-                out_groups.append((topic, group, size))
+                out_groups.append((topic, group, size, frame_pieces[1:]))
         for topic in markers:
             if topic.topic_id not in registered:
                 frame = topic_frame(topic.topic_id, topic.name)
@@ -520,7 +524,7 @@ class RegionLog:
             frame = time_frame(topic.topic_id, topic.next_offset, topic.last_ingest_ms)
             pieces.append(frame)
             position += len(frame)
-            out_groups.append((topic, [], topic.next_offset))
+            out_groups.append((topic, [], topic.next_offset, None))
         if pending or markers:
             self._segment_has_data = True
         chunk.seq = seq
@@ -605,7 +609,7 @@ class RegionLog:
             self._disk_bytes += chunk.end - sizes.get(chunk.seq, 0)
             sizes[chunk.seq] = chunk.end
             groups = chunk.groups
-            for topic, entries, size in groups:
+            for topic, entries, size, _body in groups:
                 if entries:
                     topic.hwm = entries[-1].offset + 1
                 elif size > topic.hwm:

@@ -1,12 +1,15 @@
 """WALCache: both byte bounds hold after every extend, and reads return exactly what is cached.
 
-A model of the cache's input (the blocks given to ``extend``) is checked against what the cache
-reports through its public interface: the cached run of a topic is a suffix of its blocks
-starting at ``first_offset``, and its size is the sum of those blocks' sizes.
+A model of the cache's input (the blocks given to ``extend``, each with the body of the frame
+it was written in) is checked against what the cache reports through its public interface: the
+cached run of a topic is a suffix of its blocks starting at ``first_offset``, and its size is
+the sum of those blocks' sizes. Blocks older than the newest ``hot_max_bytes`` are kept as
+bytes and decoded when read: the same entries, as new objects.
 """
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -15,6 +18,7 @@ from hypothesis import strategies as st
 
 from danube_ingest.store import WALCache
 from danube_ingest.wal import Entry
+from danube_ingest.wal.framing import messages_frame
 from danube_ingest.wal.meta import TopicMeta
 
 
@@ -33,8 +37,12 @@ class Model:
         first = self.next_offset[topic] + gap
         if gap:
             self.blocks[topic] = []  # the cache must forget a run that does not continue
-        entries = [Entry(b"%d" % o, offset=o) for o in range(first, first + count)]
-        self.cache.extend(topic, entries, size)
+        entries = [
+            Entry(b"%d" % o, offset=o, producer_name="p", routing_key="k" if o % 3 else None)
+            for o in range(first, first + count)
+        ]
+        body = messages_frame(topic.topic_id, first, entries)[1:]
+        self.cache.extend(topic, entries, size, body)
         self.blocks[topic].append((first, entries, size))
         self.next_offset[topic] = first + count
 
@@ -67,7 +75,11 @@ class Model:
         assert first in {start for start, _, _ in self.blocks[topic]}
         whole = cache.read(topic, first, 1 << 30)
         assert [e.offset for e in whole] == list(range(first, end))
-        assert all(a is b for a, b in zip(whole, known[-len(whole) :], strict=True))
+        assert whole == known[-len(whole) :]
+        # The newest hot_max_bytes are served as the very objects appended (what live readers
+        # read), older blocks decoded from their bytes.
+        same = [a is b for a, b in zip(whole, known[-len(whole) :], strict=True)]
+        assert same == sorted(same), "hot blocks are the newest ones"
         for offset in {first - 1, first, (first + end) // 2, end - 1, end, end + 5}:
             for limit in (1, 3, 1 << 30):
                 got = cache.read(topic, offset, limit)
@@ -81,6 +93,7 @@ class Model:
 @given(
     max_bytes=st.integers(1, 5000),
     topic_share=st.floats(0.05, 1.0),
+    hot_max=st.sampled_from([0, 1, 500, 3000, 1 << 30]),
     ops=st.lists(
         st.tuples(
             st.integers(0, 3),  # topic
@@ -92,9 +105,10 @@ class Model:
     ),
 )
 def test_bounds_hold_after_every_extend(
-    max_bytes: int, topic_share: float, ops: list[tuple[int, int, int, int]]
+    max_bytes: int, topic_share: float, hot_max: int, ops: list[tuple[int, int, int, int]]
 ) -> None:
-    model = Model(WALCache(max_bytes, max(1, int(max_bytes * topic_share))), topics=4)
+    cache = WALCache(max_bytes, max(1, int(max_bytes * topic_share)), hot_max)
+    model = Model(cache, topics=4)
     for topic, count, size, gap in ops:
         model.extend(model.topics[topic], count, size, gap)
         model.check()
@@ -102,7 +116,7 @@ def test_bounds_hold_after_every_extend(
 
 def test_random_workload_keeps_bounds_and_contents() -> None:
     rng = random.Random(5)
-    model = Model(WALCache(64 * 1024, 16 * 1024), topics=20)
+    model = Model(WALCache(64 * 1024, 16 * 1024, hot_max_bytes=8 * 1024), topics=20)
     for _ in range(5000):
         topic = rng.choice(model.topics)
         model.extend(topic, rng.randint(1, 40), rng.choice([0, 100, 1000, 5000, 20000]))
@@ -175,3 +189,37 @@ def test_drop_forgets_a_topic() -> None:
 def test_topic_bound_above_total_bound_is_rejected() -> None:
     with pytest.raises(ValueError, match="topic_max_bytes"):
         WALCache(1_000, 2_000)
+
+
+def test_only_the_newest_blocks_are_kept_as_objects() -> None:
+    # Cold blocks are bytes, which the garbage collector does not track: however much is
+    # cached, a full collection only meets the entries of the newest hot_max_bytes.
+    cache = WALCache(1 << 30, 1 << 30, hot_max_bytes=10 * 1_000)
+    topics = [TopicMeta(f"t{i}", i + 1) for i in range(4)]
+    payload = bytes(100)
+
+    def live_entries() -> int:
+        gc.collect()
+        return sum(isinstance(o, Entry) for o in gc.get_objects())
+
+    before = live_entries()
+    for n in range(400):
+        topic = topics[n % 4]
+        first = n // 4 * 100
+        entries = [Entry(payload, offset=first + i) for i in range(100)]
+        cache.extend(topic, entries, 1_000, messages_frame(topic.topic_id, first, entries)[1:])
+    del entries
+    assert cache.nbytes == 400 * 1_000
+    assert live_entries() - before <= 10 * 100  # ten hot blocks of 100 entries
+    for topic in topics:
+        got = cache.read(topic, 0, 1 << 30)
+        assert [e.offset for e in got] == list(range(10_000))
+        assert all(e.payload == payload for e in got)
+    del got
+    assert live_entries() - before <= 10 * 100
+
+    # Without frame bodies a block cannot be cooled: it stays as it was given.
+    plain = WALCache(1 << 30, 1 << 30, hot_max_bytes=0)
+    kept = [Entry(payload, offset=i) for i in range(3)]
+    plain.extend(topics[0], kept, 1_000)
+    assert all(a is b for a, b in zip(plain.read(topics[0], 0, 10), kept, strict=True))

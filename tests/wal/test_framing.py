@@ -135,6 +135,28 @@ def test_messages_frame_round_trips(topic_id: int, base_offset: int, entries: li
         assert copy == original
 
 
+@SETTINGS
+@given(
+    entries=st.lists(ENTRIES, min_size=1, max_size=8),
+    skip=st.integers(-1, 9),
+    limit=st.one_of(st.none(), st.integers(-1, 9)),
+)
+def test_decode_messages_of_a_range_is_that_slice(
+    entries: list[Entry], skip: int, limit: int | None
+) -> None:
+    # The cache decodes only the entries a read asks for; the others are walked over.
+    body = decode_frame(b"".join(messages_frame(3, 50, entries))).body
+    _, every = decode_messages(body)
+    start = min(max(skip, 0), len(every))
+    stop = len(every) if limit is None else start + max(limit, 0)
+    _, some = decode_messages(bytes(body), skip, limit)
+    assert some == every[start:stop]
+    assert [e.offset for e in some] == list(range(50 + start, 50 + min(stop, len(every))))
+    # A body cut short still fails, whichever part of it is decoded.
+    with pytest.raises(CorruptFrameError):
+        decode_messages(bytes(body)[:-1], skip, None)
+
+
 def test_messages_frame_keeps_empty_strings_distinct_from_none() -> None:
     entries = [
         Entry(b"", routing_key="", schema_id=0, producer_name=""),
