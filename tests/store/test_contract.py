@@ -10,6 +10,7 @@ that never hold up the writer.
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 from collections import deque
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from danube_ingest.errors import OffsetOutOfRangeError, PayloadTooLargeError, WalClosedError
+from danube_ingest.store.cache import DEFAULT_HOT_MAX_BYTES
 from danube_ingest.wal import Entry, Sealed
 from danube_ingest.wal import log as wal_log
 
@@ -55,6 +57,30 @@ async def test_append_returns_consecutive_offsets_per_topic(stores: StoreFactory
     assert (info.first_offset, info.high_watermark) == (0, 320)
     assert info_of(store, "b").high_watermark == 10
     assert store.topics() == ["a", "b"]
+
+
+async def test_cache_keeps_all_but_its_newest_entries_as_bytes(stores: StoreFactory) -> None:
+    # The cache holds ~10 MiB of this topic, but only its newest DEFAULT_HOT_MAX_BYTES (4 MiB)
+    # as Entry objects: the rest is frame bytes, which the garbage collector never walks. Read
+    # back from the cache, the old entries are decoded, equal to what was appended.
+    store = await stores.open(cache_max_bytes=64 * MiB, cache_topic_max_bytes=32 * MiB)
+    payloads = [b"%07d" % i * 14 for i in range(60_000)]  # 98 bytes each
+
+    def live_entries() -> int:
+        gc.collect()
+        return sum(isinstance(o, Entry) for o in gc.get_objects())
+
+    before = live_entries()
+    last = None
+    for payload in payloads:
+        last = store.append("t", Entry(payload))
+    assert last is not None
+    await last
+    del last
+    assert store.cache.first_offset(store.regions[0].topic("t")) == 0  # all of it cached
+    hot = live_entries() - before
+    assert 0 < hot < DEFAULT_HOT_MAX_BYTES // 98
+    assert_sequence(await read_until(store.create_reader("t", 0), 60_000), 0, payloads)
 
 
 async def test_append_batch_returns_its_offsets(stores: StoreFactory) -> None:
