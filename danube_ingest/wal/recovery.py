@@ -126,25 +126,30 @@ def _gap(topic: TopicMeta, expected: int, found: int) -> _Inconsistent:
     return _Inconsistent(f"offset gap in topic {topic.name}: expected {expected}, found {found}")
 
 
+def _prefix_verifies(data: memoryview, position: int) -> bool:
+    """Whether the frame prefix at ``position`` is whole and valid (its length can be trusted)."""
+    if len(data) - position < PREFIX_SIZE:
+        return False
+    length, kv, _body_crc, header_crc = _PREFIX.unpack_from(data, position)
+    return (
+        kv in _VALID
+        and length <= MAX_FRAME_BODY
+        and crc32c(data[position : position + 12]) == header_crc
+    )
+
+
 def _frame_end(data: memoryview, position: int) -> int:
     """End of the valid frame at ``position`` of ``data``, or -1 when it does not decode.
 
     The checks of decode_frame (which explains a failure: see _frame_error), as in the loop of
     _scan_segment.
     """
-    end = len(data)
-    if end - position < PREFIX_SIZE:
+    if not _prefix_verifies(data, position):
         return -1
-    length, kv, body_crc, header_crc = _PREFIX.unpack_from(data, position)
+    length, _kv, body_crc, _header_crc = _PREFIX.unpack_from(data, position)
     start = position + PREFIX_SIZE
     stop: int = start + length
-    if (
-        kv not in _VALID
-        or stop > end
-        or length > MAX_FRAME_BODY
-        or crc32c(data[position : position + 12]) != header_crc
-        or crc32c(data[start:stop]) != body_crc
-    ):
+    if stop > len(data) or crc32c(data[start:stop]) != body_crc:
         return -1
     return stop
 
@@ -339,18 +344,6 @@ def _scan_segment(
     )
     return _Scanned(
         frames, wbase + position, error, None if resync is None else wbase + resync, inconsistency
-    )
-
-
-def _prefix_verifies(data: memoryview, position: int) -> bool:
-    """Whether the frame prefix at ``position`` is whole and valid (its length can be trusted)."""
-    if len(data) - position < PREFIX_SIZE:
-        return False
-    length, kv, _body_crc, header_crc = _PREFIX.unpack_from(data, position)
-    return (
-        kv in _VALID
-        and length <= MAX_FRAME_BODY
-        and crc32c(data[position : position + 12]) == header_crc
     )
 
 
