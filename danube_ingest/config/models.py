@@ -126,8 +126,9 @@ class RetentionConfig(_Section):
         description=(
             "Free-space floor of the WAL's filesystem. Publishes that would leave less free "
             "fail with a retriable backpressure error (RESOURCE_EXHAUSTED) before any write can "
-            "fail, and succeed again once space is freed; below it the cleaner prunes as over "
-            "max_bytes, segment preallocation is skipped, and an fs object store refuses "
+            "fail, and succeed again once a quarter of it is free above it; below it the "
+            "cleaner prunes as over max_bytes, segment preallocation is skipped, and an fs "
+            "object store refuses "
             "(retriably) PUTs that would leave less than half of it free. Keep it at least "
             "2 x (segment_bytes + max_batch_bytes). 0: no floor (a full disk then fails the "
             "WAL until restart)."

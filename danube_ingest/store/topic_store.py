@@ -16,8 +16,9 @@ Guarantees:
 * With ``max_wal_bytes`` set, appends fail with ``WalBackpressureError`` (retriable) while the
   regions hold more than that many bytes of segments, until the cleaner frees space.
 * With ``min_free_bytes`` set, appends fail with ``WalBackpressureError`` (retriable) before
-  they could leave less than that many bytes free on the WAL's filesystem, and succeed again as
-  soon as space is freed, by anyone, without a restart (see :mod:`danube_ingest.wal.space`).
+  they could leave less than that many bytes free on the WAL's filesystem, and succeed again,
+  without a restart, once space is freed by anyone: as soon as a quarter of the floor is free
+  above it (``RESUME_FRACTION``; see :mod:`danube_ingest.wal.space`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ READ_CHUNK_BYTES = 1024 * 1024
 #: prompts one: bounds how long space freed by an operator goes unnoticed while refusing, and
 #: how long another process can eat into the floor unseen.
 DISK_CHECK_INTERVAL = 1.0
+#: Once refusing for want of disk space, publishes resume only when this fraction of the floor
+#: is free above it (and the cleaner prunes until then): otherwise each pruned segment would
+#: admit a message or two and the store would flap (and log) at the floor.
+RESUME_FRACTION = 0.25
 #: Bytes counted per appended entry beyond its payload when estimating the disk it will use
 #: (frame and entry headers, producer name, attributes: generous, so the estimate errs low).
 ENTRY_OVERHEAD = 128
@@ -307,7 +312,7 @@ class TopicStore:
             unwritten += region.unwritten_bytes
         self._free_measured = free
         self._room = free - self._min_free - unwritten
-        low = self._room <= 0
+        low = self._room < self._min_free * RESUME_FRACTION if self._disk_low else self._room <= 0
         if low != self._disk_low:
             log.warning(
                 "wal disk %s dir=%s free=%d unwritten=%d min_free_bytes=%d",

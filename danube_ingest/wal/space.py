@@ -10,14 +10,16 @@ unprivileged writer still put on the filesystem holding a path? The policy built
   filesystem, counting what is staged but not yet written. It measures on a timer, after a
   cleaning pass and whenever its running estimate says an append would cross ``F``, never per
   message; while refused, it measures again after every commit and on the timer, so space freed
-  by anyone (the cleaner, an operator deleting files) lifts the backpressure without a restart.
+  by anyone (the cleaner, an operator deleting files) lifts the backpressure without a restart,
+  once a quarter of ``F`` is free above ``F`` (so that it does not flap at the floor).
 * **Preallocation stays above F.** A new segment's blocks are reserved only if ``F`` remains
   free afterwards; otherwise the segment grows as it is written, like any file.
 * **The lower half of F is for shipping data out.** The ``fs`` object store refuses (retriably)
   a PUT that would leave less than ``F / 2`` free on its filesystem, and removes the partial file
   of a write that failed anyway, so a retried upload never fills the disk. Uploads can thus still
   run while publishes are refused, which is what lets the cleaner delete segments.
-* **The cleaner counts free space as retention.** Below ``F`` it prunes like over
+* **The cleaner counts free space as retention.** Below ``F`` (and, once there, until a quarter
+  of ``F`` is free above it) it prunes like over
   ``retention.max_bytes``: uploaded (``wal_cloud``) or oldest (``local_only``) segments go even
   if a subscription has not consumed them yet (it then reads from objects, or gets
   ``OffsetOutOfRange`` in ``local_only``); ``retention.min_*`` still hold.
