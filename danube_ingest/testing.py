@@ -17,8 +17,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -178,6 +178,43 @@ def broker_config(
     }
     values.update(overrides or {})
     return load_config(None, values)
+
+
+@contextmanager
+def small_filesystem(path: Path, size: int) -> Iterator[Path]:
+    """A real filesystem of ``size`` bytes (a tmpfs) mounted at ``path`` (created), unmounted on
+    exit: a disk that really fills up, for disk-full tests. Needs root (CAP_SYS_ADMIN);
+    ``RuntimeError`` with mount's own message when that is refused."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        raise RuntimeError(
+            f"cannot mount a {size}-byte tmpfs at {path} (disk-full tests need root or "
+            f"CAP_SYS_ADMIN): {mounted.stderr.strip()}"
+        )
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill_filesystem(path: Path, leave: int) -> int:
+    """Write a file ``path`` that leaves about ``leave`` bytes free on its filesystem (as
+    ``statvfs`` counts them); returns the file's size. Deleting the file gives the space back."""
+    st = os.statvfs(path.parent)
+    size = max(st.f_bavail * st.f_frsize - leave, 0)
+    with path.open("wb") as out:
+        block = b"\0" * (1 << 20)
+        left = size
+        while left > 0:
+            left -= out.write(block[: min(left, len(block))])
+        out.flush()
+        os.fsync(out.fileno())
+    return size
 
 
 @asynccontextmanager

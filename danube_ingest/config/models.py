@@ -120,6 +120,20 @@ class RetentionConfig(_Section):
             "with a retriable backpressure error until uploads and pruning free space."
         ),
     )
+    min_free_bytes: _Bytes = Field(
+        default=64 * MiB,
+        ge=0,
+        description=(
+            "Free-space floor of the WAL's filesystem. Publishes that would leave less free "
+            "fail with a retriable backpressure error (RESOURCE_EXHAUSTED) before any write can "
+            "fail, and succeed again once a quarter of it is free above it; below it the "
+            "cleaner prunes as over max_bytes, segment preallocation is skipped, and an fs "
+            "object store refuses "
+            "(retriably) PUTs that would leave less than half of it free. Keep it at least "
+            "2 x (segment_bytes + max_batch_bytes). 0: no floor (a full disk then fails the "
+            "WAL until restart)."
+        ),
+    )
 
     check_seconds: _Seconds = Field(
         default=5,

@@ -15,9 +15,10 @@ offsets stay one contiguous run):
    topic's subscriptions (a subscription without a cursor holds everything), or the high
    watermark for a topic without subscriptions.
 
-Condition 3 is waived (never 1 or 2) for data older than ``retention.max_minutes`` and while the
-WAL holds more than ``retention.max_bytes``: a subscription that far behind then reads from
-objects.
+Condition 3 is waived (never 1 or 2) for data older than ``retention.max_minutes``, while the
+WAL holds more than ``retention.max_bytes`` and while the WAL's filesystem has less than
+``retention.min_free_bytes`` free (measured again before each deletion, see
+:mod:`danube_ingest.wal.space`): a subscription that far behind then reads from objects.
 
 In ``local_only`` and ``memory`` modes the WAL is the only copy: condition 1 does not apply,
 and consumption alone never prunes (``prune_consumed=False``): segments go only under the
@@ -158,10 +159,14 @@ class WalCleaner:
             if total - size < retention.min_bytes:
                 self.stats.blocked_by = f"{region.region}/{seq}: retention.min_bytes"
                 break
-            forced = total > retention.max_bytes or (
-                retention.max_minutes is not None
-                and age_ms is not None
-                and age_ms >= retention.max_minutes * 60_000
+            forced = (
+                total > retention.max_bytes
+                or (
+                    retention.max_minutes is not None
+                    and age_ms is not None
+                    and age_ms >= retention.max_minutes * 60_000
+                )
+                or self._store.disk_below_floor()
             )
             if not forced and not self._prune_consumed:
                 self.stats.blocked_by = f"{region.region}/{seq}: within retention.max_*"

@@ -20,6 +20,10 @@ Guarantees, on every backend unless said otherwise:
   show up when listing that prefix (or ``""``).
 - ``delete`` is idempotent.
 - ``put_large`` never leaves a partial object under the final key (see below).
+- fs with ``min_free_bytes``: ``put`` and ``put_if_absent`` refuse, before writing, an object
+  that would leave less than that many bytes free on the root's filesystem (counting other puts
+  in flight), with a retriable ``ObjectStoreError``; a write that fails anyway (ENOSPC) has its
+  partial file removed, so retrying never fills the disk (see :mod:`danube_ingest.wal.space`).
 
 Retries: every call retries transient failures with exponential backoff and *equal jitter*
 (retry n waits ``d/2 + uniform(0, d/2)`` with ``d = min(max_delay, base_delay * 2**n)``): the
@@ -62,7 +66,7 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -75,6 +79,7 @@ from opendal.layers import TimeoutLayer
 from danube_ingest.config import BrokerConfig, UploaderConfig
 from danube_ingest.errors import ConfigError, ObjectNotFoundError, ObjectStoreError
 from danube_ingest.wal.meta import fsync_dir
+from danube_ingest.wal.space import DiskFree, disk_free
 
 __all__ = ["STAGING_PREFIX", "ObjectStore", "RetryPolicy", "StoreStats"]
 
@@ -187,12 +192,19 @@ class ObjectStore:
         retry: RetryPolicy = RetryPolicy(),
         description: str | None = None,
         timeout: float | None = 60.0,
+        min_free_bytes: int = 0,
+        free_space: DiskFree = disk_free,
     ) -> None:
         self._scheme = scheme
         self._retry = retry
         self._description = description or _describe(scheme, options)
         #: fs only: the root directory, whose entries are fsync'ed after each write.
         self._fs_root = Path(options["root"]) if scheme == "fs" and options.get("root") else None
+        #: fs only: free space each put must leave on the root's filesystem, and bytes of puts
+        #: admitted against it but not finished yet.
+        self._min_free = min_free_bytes if self._fs_root is not None else 0
+        self._free_space = free_space
+        self._writing = 0
         self._secrets = tuple(
             value
             for name, value in options.items()
@@ -226,8 +238,11 @@ class ObjectStore:
         if cloud.backend == "memory":
             return cls.memory(retry=policy)
         options: dict[str, str] = {}
+        min_free = 0
         if cloud.backend == "fs":
             options["root"] = config.objects_root()
+            # The lower half of the WAL's floor: room to ship segments while publishes wait.
+            min_free = config.storage.wal.retention.min_free_bytes // 2
         else:
             assert cloud.bucket is not None  # CloudConfig requires it for s3 and gcs
             options["bucket"] = cloud.bucket
@@ -250,7 +265,7 @@ class ObjectStore:
                 options["disable_config_load"] = "true"
                 options["disable_ec2_metadata"] = "true"
         options.update(cloud.options)
-        return cls(cloud.backend, options=options, retry=policy)
+        return cls(cloud.backend, options=options, retry=policy, min_free_bytes=min_free)
 
     @classmethod
     def memory(cls, *, retry: RetryPolicy = RetryPolicy()) -> ObjectStore:
@@ -275,7 +290,8 @@ class ObjectStore:
         _check_key(key)
         self.stats.puts += 1
         op = self._operator("put", key)
-        await self._call("put", key, lambda: op.write(key, data))
+        with self._room_for("put", key, len(data)):
+            await self._call("put", key, lambda: self._write(op, key, data))
         await self._sync_dirs(key)
         self.stats.bytes_written += len(data)
 
@@ -291,12 +307,13 @@ class ObjectStore:
 
         async def attempt() -> bool:
             try:
-                await op.write(key, data, if_not_exists=True)
+                await self._write(op, key, data, if_not_exists=True)
             except od.ConditionNotMatch:
                 return False
             return True
 
-        written = await self._call("put_if_absent", key, attempt)
+        with self._room_for("put_if_absent", key, len(data)):
+            written = await self._call("put_if_absent", key, attempt)
         if written:
             await self._sync_dirs(key)
             self.stats.bytes_written += len(data)
@@ -433,6 +450,53 @@ class ObjectStore:
             raise
         await writer.close()
         return written
+
+    @contextlib.contextmanager
+    def _room_for(self, operation: str, key: str, size: int) -> Iterator[None]:
+        """fs with ``min_free_bytes``: admit a write of ``size`` bytes only if it leaves that
+        much free, counting writes in flight; else a retriable ``ObjectStoreError``."""
+        root = self._fs_root
+        if root is None or self._min_free <= 0:
+            yield
+            return
+        try:
+            free = self._free_space(root)
+        except OSError as exc:
+            raise ObjectStoreError(
+                f"{operation} {key} on {self._description}: free space unknown: {exc}",
+                retriable=True,
+            ) from exc
+        if free - self._writing - size < self._min_free:
+            self.stats.failures += 1
+            raise ObjectStoreError(
+                f"{operation} {key} ({size} bytes) on {self._description} refused: {free} bytes "
+                f"free ({self._writing} being written) would leave less than {self._min_free} "
+                "(half of storage.wal.retention.min_free_bytes); free space on that filesystem",
+                retriable=True,
+            )
+        self._writing += size
+        try:
+            yield
+        finally:
+            self._writing -= size
+
+    async def _write(
+        self, op: opendal.AsyncOperator, key: str, data: bytes, *, if_not_exists: bool = False
+    ) -> None:
+        """One write attempt. On fs a failed write leaves what it wrote in place (opendal
+        writes the final file directly): remove it, so a full disk is not kept full by it."""
+        try:
+            if if_not_exists:
+                await op.write(key, data, if_not_exists=True)
+            else:
+                await op.write(key, data)
+        except od.ConditionNotMatch:
+            raise
+        except _OPENDAL_ERRORS:
+            if self._fs_root is not None:
+                with contextlib.suppress(*_OPENDAL_ERRORS):
+                    await op.delete(key)
+            raise
 
     async def _sync_dirs(self, key: str) -> None:
         """fs: make the new object's directory entries durable.

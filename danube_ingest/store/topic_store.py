@@ -15,6 +15,10 @@ Guarantees:
   duplicate; without one it raises ``OffsetOutOfRangeError``.
 * With ``max_wal_bytes`` set, appends fail with ``WalBackpressureError`` (retriable) while the
   regions hold more than that many bytes of segments, until the cleaner frees space.
+* With ``min_free_bytes`` set, appends fail with ``WalBackpressureError`` (retriable) before
+  they could leave less than that many bytes free on the WAL's filesystem, and succeed again,
+  without a restart, once space is freed by anyone: as soon as a quarter of the floor is free
+  above it (``RESUME_FRACTION``; see :mod:`danube_ingest.wal.space`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from danube_ingest.store.cache import WALCache
 from danube_ingest.wal.framing import Entry, Kind, batch_header, decode_frame, decode_messages
 from danube_ingest.wal.log import DEFAULT_LINGER_US, FsyncMode, Group, RegionLog, Sealed
 from danube_ingest.wal.meta import TopicMeta
+from danube_ingest.wal.space import DiskFree, disk_free
 
 if TYPE_CHECKING:
     from danube_ingest.objects.reader import CloudReader, ObjectCursor
@@ -49,6 +54,17 @@ log = logging.getLogger(__name__)
 
 #: Bytes read from a segment file per call while catching up.
 READ_CHUNK_BYTES = 1024 * 1024
+#: Seconds between two measurements of the WAL filesystem's free space when nothing else
+#: prompts one: bounds how long space freed by an operator goes unnoticed while refusing, and
+#: how long another process can eat into the floor unseen.
+DISK_CHECK_INTERVAL = 1.0
+#: Once refusing for want of disk space, publishes resume only when this fraction of the floor
+#: is free above it (and the cleaner prunes until then): otherwise each pruned segment would
+#: admit a message or two and the store would flap (and log) at the floor.
+RESUME_FRACTION = 0.25
+#: Bytes counted per appended entry beyond its payload when estimating the disk it will use
+#: (frame and entry headers, producer name, attributes: generous, so the estimate errs low).
+ENTRY_OVERHEAD = 128
 
 
 def region_index(topic: str, regions: int) -> int:
@@ -77,13 +93,31 @@ class TopicStore:
     """Topics over one or more region logs, with a WALCache in front of them."""
 
     def __init__(
-        self, regions: list[RegionLog], cache: WALCache, *, max_wal_bytes: int | None = None
+        self,
+        regions: list[RegionLog],
+        cache: WALCache,
+        *,
+        max_wal_bytes: int | None = None,
+        wal_dir: Path | None = None,
+        min_free_bytes: int = 0,
+        free_space: DiskFree = disk_free,
     ) -> None:
         self._regions = regions
         self._cache = cache
         self._cloud: CloudReader | None = None
         self._max_wal_bytes = max_wal_bytes
         self._full = False
+        self._over_max = False
+        #: The free-space floor, on ``wal_dir``'s filesystem (0 or no dir: not watched).
+        self._wal_dir = wal_dir
+        self._min_free = min_free_bytes if wal_dir is not None else 0
+        self._free_space = free_space
+        #: Bytes appends may still add before the floor: measured free space minus the floor
+        #: and what was unwritten then, minus every append's estimate since.
+        self._room = float("inf")
+        self._disk_low = False
+        self._free_measured = -1
+        self._disk_timer: asyncio.TimerHandle | None = None
         #: Called when the WAL reaches its size limit (the broker wakes its cleaner with it).
         self.on_full: Callable[[], None] | None = None
         self._topic_region: dict[str, RegionLog] = {}
@@ -110,8 +144,14 @@ class TopicStore:
         cache_max_bytes: int = 256 * 1024 * 1024,
         cache_topic_max_bytes: int = 8 * 1024 * 1024,
         max_wal_bytes: int | None = None,
+        min_free_bytes: int = 0,
+        free_space: DiskFree = disk_free,
     ) -> TopicStore:
-        """Open (recovering) a store under ``wal_dir``; ``None`` keeps everything in memory."""
+        """Open (recovering) a store under ``wal_dir``; ``None`` keeps everything in memory.
+
+        ``min_free_bytes`` is the free-space floor of the WAL's filesystem (0: none), measured
+        with ``free_space`` (``os.statvfs``; tests may hand in another source).
+        """
         logs = []
         for i in range(regions):
             region_dir = None if wal_dir is None else Path(wal_dir) / f"r{i}"
@@ -127,10 +167,21 @@ class TopicStore:
                     segment_seconds=segment_seconds,
                     index_interval=index_interval,
                     max_entry_bytes=max_entry_bytes,
+                    min_free_bytes=min_free_bytes,
+                    free_space=free_space,
                 )
             )
-        store = cls(logs, WALCache(cache_max_bytes, cache_topic_max_bytes))
-        store._max_wal_bytes = max_wal_bytes
+        store = cls(
+            logs,
+            WALCache(cache_max_bytes, cache_topic_max_bytes),
+            max_wal_bytes=max_wal_bytes,
+            wal_dir=None if wal_dir is None else Path(wal_dir),
+            min_free_bytes=min_free_bytes,
+            free_space=free_space,
+        )
+        if store._min_free > 0:
+            store._measure_disk()
+            store._check_disk_later()
         store.refresh_backpressure()
         return store
 
@@ -153,6 +204,7 @@ class TopicStore:
             cache_max_bytes=cache.max_bytes,
             cache_topic_max_bytes=cache.topic_max_bytes,
             max_wal_bytes=None if config.storage.mode == "memory" else wal.retention.max_bytes,
+            min_free_bytes=wal.retention.min_free_bytes,
         )
 
     # -- topics ----------------------------------------------------------------------------
@@ -214,19 +266,97 @@ class TopicStore:
         """Whether appends are refused with ``WalBackpressureError`` right now."""
         return self._full
 
+    @property
+    def disk_low(self) -> bool:
+        """Whether the WAL's filesystem had less than ``min_free_bytes`` free (counting what
+        is staged) at the last measurement."""
+        return self._disk_low
+
     def refresh_backpressure(self) -> bool:
-        """Re-evaluate the WAL size limit (after every group commit, and by the cleaner);
-        call ``on_full`` when the WAL has just become full."""
+        """Re-evaluate the WAL size limit (after every group commit, and by the cleaner) and,
+        while appends are refused for want of disk space or when called by the cleaner, the
+        free space; call ``on_full`` when the WAL has just become full."""
         limit = self._max_wal_bytes
-        if limit is None:
+        self._over_max = limit is not None and self.wal_bytes() > limit
+        if self._min_free > 0 and self._disk_low:
+            self._measure_disk()
+        return self._update_full()
+
+    def disk_below_floor(self) -> bool:
+        """Measure the WAL filesystem now: whether it has less than ``min_free_bytes`` free
+        (counting staged appends). For the cleaner, which prunes as over ``max_bytes`` then."""
+        if self._min_free <= 0:
             return False
-        full = self.wal_bytes() > limit
+        self._measure_disk()
+        self._update_full()
+        return self._disk_low
+
+    def _update_full(self) -> bool:
+        full = self._over_max or self._disk_low
         if full and not self._full and self.on_full is not None:
             self.on_full()
         self._full = full
         return full
 
+    def _measure_disk(self) -> None:
+        """Measure the free space of the WAL's filesystem and reset the running estimate."""
+        assert self._wal_dir is not None
+        try:
+            free = self._free_space(self._wal_dir)
+        except OSError as exc:
+            # Cannot tell: assume the worst rather than write blind (retriable for clients).
+            log.warning("wal free space unknown dir=%s error=%s", self._wal_dir, exc)
+            free = 0
+        unwritten = 0
+        for region in self._regions:
+            unwritten += region.unwritten_bytes
+        self._free_measured = free
+        self._room = free - self._min_free - unwritten
+        low = self._room < self._min_free * RESUME_FRACTION if self._disk_low else self._room <= 0
+        if low != self._disk_low:
+            log.warning(
+                "wal disk %s dir=%s free=%d unwritten=%d min_free_bytes=%d",
+                "below its free-space floor: refusing publishes" if low else "has room again",
+                self._wal_dir,
+                free,
+                unwritten,
+                self._min_free,
+            )
+        self._disk_low = low
+
+    def _check_disk_later(self) -> None:
+        self._disk_timer = asyncio.get_running_loop().call_later(
+            DISK_CHECK_INTERVAL, self._check_disk
+        )
+
+    def _check_disk(self) -> None:
+        if self._closed:
+            return
+        self._measure_disk()
+        self._update_full()
+        self._check_disk_later()
+
+    def _admit(self, size: int) -> None:
+        """Count ``size`` bytes about to be staged against the free-space floor; measure the
+        disk when the estimate says they would cross it, and refuse them if they would."""
+        room = self._room - size - ENTRY_OVERHEAD
+        if room < 0:
+            self._measure_disk()
+            room = self._room - size - ENTRY_OVERHEAD
+            if room < 0:
+                self._disk_low = True
+                self._update_full()
+                self._refuse()
+        self._room = room
+
     def _refuse(self) -> None:
+        if self._disk_low:
+            raise WalBackpressureError(
+                f"the WAL's disk ({self._wal_dir}) has {max(self._free_measured, 0)} bytes free "
+                f"counting staged appends, below its floor of {self._min_free} "
+                "(storage.wal.retention.min_free_bytes): waiting for uploads and pruning, or "
+                "for space freed on that filesystem"
+            )
         raise WalBackpressureError(
             f"the WAL holds {self.wal_bytes()} bytes, more than its limit of "
             f"{self._max_wal_bytes} (storage.wal.retention.max_bytes): waiting for uploads "
@@ -250,6 +380,8 @@ class TopicStore:
         """
         if self._full:
             self._refuse()
+        if self._min_free:
+            self._admit(len(entry.payload))
         region = self._topic_region.get(topic)
         if region is None:
             region = self._region(topic)
@@ -262,6 +394,11 @@ class TopicStore:
             return range(0)
         if self._full:
             self._refuse()
+        if self._min_free:
+            size = 0
+            for entry in entries:
+                size += len(entry.payload) + ENTRY_OVERHEAD
+            self._admit(size)
         await self._region(topic).stage_batch(topic, entries)
         return range(entries[0].offset, entries[-1].offset + 1)
 
@@ -284,7 +421,7 @@ class TopicStore:
         return info
 
     def _on_durable(self, groups: list[Group]) -> None:
-        if self._max_wal_bytes is not None:
+        if self._max_wal_bytes is not None or self._disk_low:
             self.refresh_backpressure()
         cache = self._cache
         for topic, entries, nbytes, body in groups:
@@ -309,6 +446,8 @@ class TopicStore:
         if self._closed:
             return
         self._closed = True
+        if self._disk_timer is not None:
+            self._disk_timer.cancel()
         for region in self._regions:
             await region.close()
             for topic in region.topics():

@@ -56,6 +56,7 @@ from danube_ingest.wal.framing import (
 from danube_ingest.wal.meta import Snapshot, TopicMeta, fsync_dir, write_snapshot
 from danube_ingest.wal.recovery import RegionState, recover_region
 from danube_ingest.wal.segment import segment_path
+from danube_ingest.wal.space import DiskFree, disk_free
 
 log = logging.getLogger(__name__)
 
@@ -291,11 +292,14 @@ class RegionLog:
         index_interval: int = 64 * 1024,
         max_entry_bytes: int = 64 * 1024 * 1024,
         snapshot_on_seal: bool = True,
+        min_free_bytes: int = 0,
+        free_space: DiskFree = disk_free,
     ) -> RegionLog:
         """Recover (file mode) or create (``region_dir=None``: memory mode) a region log.
 
         Recovery runs in a worker thread. The previously active segment is sealed as it is and
-        appends go to a new segment.
+        appends go to a new segment. A segment's blocks are preallocated only while that leaves
+        ``min_free_bytes`` free (as ``free_space`` measures; see :mod:`danube_ingest.wal.space`).
         """
         if region_dir is None:
             state = RegionState()
@@ -310,6 +314,8 @@ class RegionLog:
                 max_batch_bytes=max_batch_bytes,
                 reserve_bytes=segment_bytes,
                 linger=linger_us / 1e6,
+                min_free_bytes=min_free_bytes,
+                free_space=free_space,
             )
         wal = cls(
             region,
@@ -704,6 +710,13 @@ class RegionLog:
         return self._disk_bytes
 
     @property
+    def unwritten_bytes(self) -> int:
+        """About how many bytes staged appends will still add to the disk: payloads not yet
+        framed plus frames of the active segment not yet durable."""
+        framed = self._position - self.segment_sizes.get(self._seq, 0)
+        return self._pending_bytes + (framed if framed > 0 else 0)
+
+    @property
     def active_seq(self) -> int:
         return self._seq
 
@@ -795,9 +808,13 @@ class _FileBackend:
         max_batch_bytes: int,
         reserve_bytes: int = 0,
         linger: float = 0.0,
+        min_free_bytes: int = 0,
+        free_space: DiskFree = disk_free,
     ) -> None:
         self._dir = region_dir
         self._reserve = reserve_bytes
+        self._min_free = min_free_bytes
+        self._free_space = free_space
         self._fsync = fsync == "always"
         self._interval = fsync_interval
         self._linger = linger
@@ -973,8 +990,28 @@ class _FileBackend:
         self._active_size = 0
         # Create the next segment now, off the commit path: a seal then costs no directory
         # fsync (about 2 ms here), which matters when large appends seal every few ms.
-        self._spare = self._spare_pool.submit(_precreate, self._dir, seq + 1, self._reserve)
+        self._spare = self._spare_pool.submit(self._precreate_next, seq + 1)
         return sealed
+
+    def _precreate_next(self, seq: int) -> int | None:
+        """Pre-create segment ``seq``, reserving its blocks only if ``min_free_bytes`` stay
+        free afterwards (a reservation must never be what fills the disk)."""
+        reserve = self._reserve
+        if reserve > 0 and self._min_free > 0:
+            try:
+                free = self._free_space(self._dir)
+            except OSError:
+                free = 0
+            if free - reserve < self._min_free:
+                log.info(
+                    "wal segment blocks not reserved dir=%s seq=%d free=%d min_free_bytes=%d",
+                    self._dir,
+                    seq,
+                    free,
+                    self._min_free,
+                )
+                reserve = 0
+        return _precreate(self._dir, seq, reserve)
 
     def _write(self, pieces: list[bytes]) -> None:
         fd = self._fd
