@@ -78,6 +78,12 @@ log = logging.getLogger(__name__)
 PRODUCER_IDLE_SECONDS = 30.0
 #: Seconds a topic's schema configuration is cached before it is re-read.
 SCHEMA_CONFIG_TTL = 1.0
+#: A consumer with an open stream that holds unacknowledged messages but has neither acked one
+#: nor health-checked for this long is gone (danube-client's ``Consumer.close()`` stops its
+#: health checks but leaves the stream open when its receive loop was waiting for room in the
+#: application's queue): it is detached and its messages go to the other consumers. Two of
+#: danube-client's 5 s health-check intervals, so a live client is never taken for gone.
+CONSUMER_STALL_SECONDS = 10.0
 #: While a lost topic waits to be served again: how often to look whether the broker session is
 #: back (no I/O), and the backoff between acquisition attempts once it is (etcd answering
 #: slowly or not yet at all). Small, because every consumer of the topic waits for this.
@@ -446,17 +452,40 @@ class TopicManager:
         return client_id
 
     async def _sweep_idle(self) -> None:
-        """Detach consumers that subscribed but neither stream nor health-check (their process
-        is gone): they would otherwise hold an Exclusive subscription, or a Failover's active
-        place, and time their messages out forever. A consumer that comes back re-attaches."""
-        interval = max(self._consumer_idle / 3, 0.05)
+        """Detach consumers that are gone, so their messages go to the others: those that
+        subscribed but neither stream nor health-check for ``consumer_idle_seconds`` (they
+        would otherwise hold an Exclusive subscription, or a Failover's active place, and time
+        their messages out forever), and streaming ones that hold messages without acking any
+        or health-checking for CONSUMER_STALL_SECONDS (their stream ends). A consumer that
+        comes back re-attaches."""
+        interval = max(min(self._consumer_idle, CONSUMER_STALL_SECONDS) / 5, 0.05)
         while not self._closed:
             await asyncio.sleep(interval)
-            horizon = time.monotonic() - self._consumer_idle
+            now = time.monotonic()
+            idle = now - self._consumer_idle
+            stalled = now - CONSUMER_STALL_SECONDS
+            # progress_at is on the subscriptions' clock, the event loop's
+            no_progress = asyncio.get_running_loop().time() - CONSUMER_STALL_SECONDS
             for cid, handle in list(self._handles.items()):
-                if cid in self._streaming or self._seen.get(cid, 0.0) >= horizon:
+                seen = self._seen.get(cid, 0.0)
+                if cid not in self._streaming:
+                    if seen >= idle:
+                        continue
+                    log.info("detaching idle consumer consumer_id=%d", cid)
+                elif (
+                    seen < stalled
+                    and handle.in_flight
+                    and not handle.closed
+                    and handle.progress_at < no_progress
+                ):
+                    log.info(
+                        "detaching stalled consumer consumer_id=%d in_flight=%d no_health_s=%.1f",
+                        cid,
+                        handle.in_flight,
+                        now - seen,
+                    )
+                else:
                     continue
-                log.info("detaching idle consumer consumer_id=%d", cid)
                 del self._handles[cid]
                 handle.close()
 
