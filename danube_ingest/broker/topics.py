@@ -9,6 +9,14 @@ Guarantees:
   same (topic, subscription, consumer name) gets the same consumer id.
 * A topic is served only while this broker owns it (lease + epoch in etcd). A new owner
   continues the topic's offsets after every offset the previous owner may have assigned.
+* Consumer streams outlive a lost ownership (an etcd outage longer than the lease): a
+  ``ReceiveMessages`` stream stays open, sending nothing, while the topic is not served here,
+  and health checks answer OK meanwhile (a CLOSE would make danube-client re-subscribe, which
+  fails while etcd is away, and then stop receiving for good). Once the broker session is back
+  the topic is acquired again (a new epoch) and dispatch resumes on the same streams from the
+  persisted cursor (unacknowledged messages are delivered again). If another broker owns the
+  topic by then, the streams end with UNAVAILABLE and health checks answer CLOSE, so clients
+  look the topic up again.
 * Subscription cursors are written to etcd by the ProgressUpdater (debounced, fenced by the
   owner epoch, flushed on shutdown and before a topic is given up).
 """
@@ -44,7 +52,7 @@ from danube_ingest.dispatch import (
     SubscriptionType,
 )
 from danube_ingest.errors import DanubeIngestError, OffsetOutOfRangeError
-from danube_ingest.metadata.errors import LeaseExpiredError
+from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.offsets import OffsetReservation
@@ -70,6 +78,17 @@ log = logging.getLogger(__name__)
 PRODUCER_IDLE_SECONDS = 30.0
 #: Seconds a topic's schema configuration is cached before it is re-read.
 SCHEMA_CONFIG_TTL = 1.0
+#: A consumer with an open stream that holds unacknowledged messages but has neither acked one
+#: nor health-checked for this long is gone (danube-client's ``Consumer.close()`` stops its
+#: health checks but leaves the stream open when its receive loop was waiting for room in the
+#: application's queue): it is detached and its messages go to the other consumers. Two of
+#: danube-client's 5 s health-check intervals, so a live client is never taken for gone.
+CONSUMER_STALL_SECONDS = 10.0
+#: While a lost topic waits to be served again: how often to look whether the broker session is
+#: back (no I/O), and the backoff between acquisition attempts once it is (etcd answering
+#: slowly or not yet at all). Small, because every consumer of the topic waits for this.
+_RECOVER_POLL_SECONDS = 0.05
+_RECOVER_RETRY_MAX_SECONDS = 1.0
 
 
 @dataclass
@@ -139,7 +158,11 @@ class TopicManager:
         self._seen: dict[int, float] = {}
         self._consumer_idle = consumer_idle_seconds
         self._sweeper: asyncio.Task[None] | None = None
+        #: topic -> the task acquiring and loading it again after its ownership was lost
+        self._recovering: dict[str, asyncio.Task[None]] = {}
         self._closed = False
+        #: streams are ending for good (shutdown): they no longer wait for a lost topic
+        self._ending = False
         self._background: set[asyncio.Task[None]] = set()
         ownership.on_lost(self._on_ownership_lost)
 
@@ -235,12 +258,9 @@ class TopicManager:
         task.add_done_callback(self._background.discard)
 
     async def _unload(self, runtime: TopicRuntime) -> None:
-        """Stop serving a topic: end its consumer streams, close its subscriptions."""
+        """Stop serving a topic: close its subscriptions (their consumer handles close; the
+        streams reading them wait for the topic to be served again, see ``receive``)."""
         runtime.closed = True
-        for cid in [c for c, rec in self._consumers.items() if rec.topic == runtime.name]:
-            handle = self._handles.pop(cid, None)
-            if handle is not None:
-                handle.close()
         for subscription in runtime.subscriptions.values():
             await subscription.close()
         if runtime.fanout is not None:
@@ -432,17 +452,40 @@ class TopicManager:
         return client_id
 
     async def _sweep_idle(self) -> None:
-        """Detach consumers that subscribed but neither stream nor health-check (their process
-        is gone): they would otherwise hold an Exclusive subscription, or a Failover's active
-        place, and time their messages out forever. A consumer that comes back re-attaches."""
-        interval = max(self._consumer_idle / 3, 0.05)
+        """Detach consumers that are gone, so their messages go to the others: those that
+        subscribed but neither stream nor health-check for ``consumer_idle_seconds`` (they
+        would otherwise hold an Exclusive subscription, or a Failover's active place, and time
+        their messages out forever), and streaming ones that hold messages without acking any
+        or health-checking for CONSUMER_STALL_SECONDS (their stream ends). A consumer that
+        comes back re-attaches."""
+        interval = max(min(self._consumer_idle, CONSUMER_STALL_SECONDS) / 5, 0.05)
         while not self._closed:
             await asyncio.sleep(interval)
-            horizon = time.monotonic() - self._consumer_idle
+            now = time.monotonic()
+            idle = now - self._consumer_idle
+            stalled = now - CONSUMER_STALL_SECONDS
+            # progress_at is on the subscriptions' clock, the event loop's
+            no_progress = asyncio.get_running_loop().time() - CONSUMER_STALL_SECONDS
             for cid, handle in list(self._handles.items()):
-                if cid in self._streaming or self._seen.get(cid, 0.0) >= horizon:
+                seen = self._seen.get(cid, 0.0)
+                if cid not in self._streaming:
+                    if seen >= idle:
+                        continue
+                    log.info("detaching idle consumer consumer_id=%d", cid)
+                elif (
+                    seen < stalled
+                    and handle.in_flight
+                    and not handle.closed
+                    and handle.progress_at < no_progress
+                ):
+                    log.info(
+                        "detaching stalled consumer consumer_id=%d in_flight=%d no_health_s=%.1f",
+                        cid,
+                        handle.in_flight,
+                        now - seen,
+                    )
+                else:
                     continue
-                log.info("detaching idle consumer consumer_id=%d", cid)
                 del self._handles[cid]
                 handle.close()
 
@@ -524,6 +567,75 @@ class TopicManager:
         return await self._client(consumer_id, "consumer", self._consumers)
 
     async def _attach(self, record: ClientRecord) -> ConsumerHandle:
+        """Attach a consumer to its subscription, waiting while its topic cannot be served
+        here for now (the broker session or etcd is away). Raises ``NotOwnerError`` if another
+        broker owns the topic, ``ConsumerClosedError`` once the broker shuts down, and errors
+        that retrying cannot mend."""
+        delay = _RECOVER_POLL_SECONDS
+        while True:
+            try:
+                return await self._attach_once(record)
+            except DanubeIngestError as exc:
+                if self._ending or not _may_recover(exc):
+                    raise
+                log.info(
+                    "consumer stream waits for its topic topic=%s consumer_id=%d error=%s",
+                    record.topic,
+                    record.client_id,
+                    exc,
+                )
+            if record.topic in self._topics:
+                # Served, but etcd failed reading the subscription: try again later.
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RECOVER_RETRY_MAX_SECONDS)
+            else:
+                await self._recovered(record.topic)
+
+    async def _recovered(self, topic: str) -> None:
+        """Return once ``topic`` is served here again (one acquisition attempt loop per topic,
+        shared by all its waiting streams)."""
+        task = self._recovering.get(topic)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._recover(topic))
+            self._recovering[topic] = task
+            task.add_done_callback(functools.partial(self._recovery_done, topic))
+        await asyncio.shield(task)
+
+    def _recovery_done(self, topic: str, task: asyncio.Task[None]) -> None:
+        if self._recovering.get(topic) is task:
+            del self._recovering[topic]
+        if not task.cancelled():
+            task.exception()  # retrieved by the waiting streams, or by nobody: no warning
+
+    async def _recover(self, topic: str) -> None:
+        """Acquire and load ``topic`` again as soon as the broker session is back."""
+        delay = _RECOVER_POLL_SECONDS
+        lost = time.monotonic()
+        while not self._ending:
+            if not self._ownership.session.alive:
+                await asyncio.sleep(_RECOVER_POLL_SECONDS)  # no I/O: wait for re-registration
+                continue
+            try:
+                runtime = await self._load(topic)
+            except DanubeIngestError as exc:
+                if not _may_recover(exc):
+                    log.warning("topic not recovered topic=%s error=%s", topic, exc)
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RECOVER_RETRY_MAX_SECONDS)
+                continue
+            owner = self._ownership.owned(topic)
+            log.info(
+                "topic served again topic=%s epoch=%s waited_s=%.2f reliable=%s",
+                topic,
+                owner.epoch if owner is not None else "?",
+                time.monotonic() - lost,
+                runtime.reliable,
+            )
+            return
+        raise ConsumerClosedError(f"broker is shutting down: topic {topic} is not served")
+
+    async def _attach_once(self, record: ClientRecord) -> ConsumerHandle:
         runtime = await self._load(record.topic)
         assert record.subscription is not None  # consumer records always have one
         sub_record = await self._records.get_subscription(record.topic, record.subscription)
@@ -535,7 +647,13 @@ class TopicManager:
         return sub.attach(record.client_id, record.name, list(record.key_filters))
 
     async def receive(self, consumer_id: int) -> AsyncIterator[Any]:
-        """The stream of StreamMessages for a consumer; a new stream takes over an old one."""
+        """The stream of StreamMessages for a consumer; a new stream takes over an old one.
+
+        The stream ends when the consumer is taken over or detached, or the broker shuts down.
+        While the topic is not served here (its ownership was lost, e.g. etcd is away) it stays
+        open and sends nothing; it resumes from the subscription's cursor once the topic is
+        served again, or fails with ``NotOwnerError`` if another broker owns it by then.
+        """
         record = await self._consumer(consumer_id)
         handle = self._handles.get(consumer_id)
         if handle is None or consumer_id in self._streaming or handle.closed:
@@ -551,7 +669,19 @@ class TopicManager:
                 try:
                     delivery = await handle.next()
                 except ConsumerClosedError:
-                    return
+                    if (
+                        self._ending
+                        or self._handles.get(consumer_id) is not handle
+                        or topic in self._topics
+                    ):
+                        return  # shutdown, taken over or detached, or its subscription ended
+                    # The topic was given up (ownership lost): keep the stream open.
+                    try:
+                        handle = await self._attach(record)
+                    except ConsumerClosedError:
+                        return
+                    self._handles[consumer_id] = handle
+                    continue
                 except OffsetOutOfRangeError as exc:
                     log.error("subscription reader out of range: %s", exc)
                     return
@@ -598,10 +728,12 @@ class TopicManager:
                 runtime.producers[client_id] = time.monotonic()
             return True
         self._seen[client_id] = time.monotonic()
-        return runtime is not None
+        # A topic being recovered (its streams wait for it) is no reason to re-subscribe.
+        return runtime is not None or record.topic in self._recovering
 
     def end_streams(self) -> None:
         """End every consumer stream (shutdown: clients reconnect to whoever serves next)."""
+        self._ending = True
         for handle in list(self._handles.values()):
             handle.close()
 
@@ -612,8 +744,13 @@ class TopicManager:
         if self._closed:
             return
         self._closed = True
+        self.end_streams()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        recovering = list(self._recovering.values())
+        for task in recovering:
+            task.cancel()
+        await asyncio.gather(*recovering, return_exceptions=True)
         for runtime in list(self._topics.values()):
             await self._unload(runtime)
         if self._background:
@@ -631,6 +768,14 @@ _TYPE_NAMES = {
     SubscriptionType.KEY_SHARED: "KeyShared",
 }
 _TYPES_BY_NAME = {name: kind for kind, name in _TYPE_NAMES.items()}
+
+
+def _may_recover(exc: DanubeIngestError) -> bool:
+    """Whether a topic that failed to load with ``exc`` may be served here later: etcd or the
+    broker session is away (not: another broker owns it, or it no longer exists)."""
+    if isinstance(exc, NotOwnerError | TopicNotFoundError | UnknownClientError):
+        return False
+    return exc.retriable or isinstance(exc, MetadataError)
 
 
 def _now_ms() -> int:

@@ -57,6 +57,10 @@ class ConsumerHandle:
         self._waiter: asyncio.Future[None] | None = None
         self.dropped = 0
         """Non-reliable subscriptions: messages dropped because this consumer's queue was full."""
+        self.progress_at = 0.0
+        """Reliable subscriptions: when (subscription clock) this consumer last acked one of its
+        entries, or last got one with nothing else unacknowledged; with ``in_flight`` > 0, how
+        long it has held messages without acking any."""
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

@@ -324,6 +324,8 @@ class ReliableSubscription:
         if message is None or self._closed:
             return False
         self.stats.acked += 1
+        if message.consumer is not None:
+            message.consumer.progress_at = self._clock.now()
         self._settle(message)
         self._dispatch()
         return True
@@ -532,8 +534,11 @@ class ReliableSubscription:
         message.state = _State.DELIVERED
         message.consumer = handle
         message.dispatched = True
-        message.due = self._clock.now() + self.policy.ack_timeout_s
+        now = self._clock.now()
+        message.due = now + self.policy.ack_timeout_s
         self._deadlines[offset] = message
+        if not handle._window:
+            handle.progress_at = now
         handle._window.add(offset)
         if self._key_shared:
             holder = self._key_holders.get(message.key)

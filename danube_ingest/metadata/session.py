@@ -10,7 +10,8 @@ Guarantees:
   topic owner keys) exist. ``alive`` turns false no later than ``ttl`` seconds after the last
   successful refresh, even if etcd cannot be reached to confirm the expiry.
 * On loss, every ``on_lost`` callback runs once, then the session keeps trying to register
-  again under a new lease (after revoking the old one, so nothing of it outlives the loss).
+  again under a new lease (after revoking the old one, so nothing of it outlives the loss),
+  every 0.5 s (at most every ttl/3) until etcd answers.
 """
 
 from __future__ import annotations
@@ -185,7 +186,8 @@ class BrokerSession:
                 delay = interval
             except MetadataError as exc:
                 log.warning("broker re-registration failed broker=%s error=%s", self.broker_id, exc)
-                delay = interval
+                # Nothing is served while unregistered: try again soon, not a third of a TTL later.
+                delay = min(_RETRY_SECONDS, interval)
 
     async def _refresh(self) -> bool:
         assert self._lease_id is not None
