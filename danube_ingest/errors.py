@@ -27,6 +27,8 @@ never the message text.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class DanubeIngestError(Exception):
     """Root of every error raised by danube_ingest."""
@@ -45,7 +47,7 @@ class DataDirLockedError(DanubeIngestError):
     in the directory was read or changed. Not retriable: the holder must stop first.
     """
 
-    def __init__(self, message: str, *, path: object, holder: str) -> None:
+    def __init__(self, message: str, *, path: Path, holder: str) -> None:
         super().__init__(message)
         self.path = path
         self.holder = holder
