@@ -26,6 +26,7 @@ from danube import (
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
+from danube_ingest.broker.errors import ListenError
 from danube_ingest.broker.server import Broker
 from danube_ingest.datadir import DataDirLock
 from danube_ingest.metadata.errors import MetadataUnavailableError
@@ -286,3 +287,26 @@ async def test_calls_during_start_up_fail_fast_with_unavailable(
     with pytest.raises(MetadataUnavailableError):
         await failing.start()
     DataDirLock.acquire(tmp_path / "b1").release()
+
+
+async def test_a_port_in_use_is_refused_not_shared(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str
+) -> None:
+    """gRPC's default SO_REUSEPORT let a second broker bind a running one's port and take
+    part of its new connections; now the second one fails before touching anything."""
+    port = free_port()
+    first = Broker(broker_config(tmp_path / "b1", etcd_server, port=port, prefix=etcd_prefix))
+    await first.start()
+    try:
+        second = Broker(
+            broker_config(
+                tmp_path / "b2", etcd_server, broker_id="broker-2", port=port, prefix=etcd_prefix
+            )
+        )
+        with pytest.raises(ListenError, match=f"cannot listen on 127.0.0.1:{port}: the port is in"):
+            await second.start()
+        # The port is bound before the WAL is opened: no region was created or recovered.
+        assert [p.name for p in (tmp_path / "b2" / "wal").iterdir()] == ["LOCK"]
+        await _publish(first.url, TOPIC, [b"still served"])
+    finally:
+        await first.stop(grace=1.0)
