@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 ## The whole system on embedded defaults: local etcd, broker on 127.0.0.1:6650, data under ./data.
+## Options go through ARGS, e.g. make dev ARGS="--dagster-port 3001" (danube-ingest dev --help).
 dev: setup
-	$(BIN)/danube-ingest dev
+	$(BIN)/danube-ingest dev $(ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -9,6 +9,7 @@ never the message text.
 
     DanubeIngestError
      ├── ConfigError                  invalid configuration; the message names the key
+     ├── DataDirLockedError           another process holds the data directory (names its pid)
      └── StorageError
           ├── FrameError               bytes that are not a valid frame
           │    ├── TruncatedFrameError  fewer bytes than the frame claims (a torn tail)
@@ -26,6 +27,8 @@ never the message text.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class DanubeIngestError(Exception):
     """Root of every error raised by danube_ingest."""
@@ -35,6 +38,19 @@ class DanubeIngestError(Exception):
 
 class ConfigError(DanubeIngestError, ValueError):
     """The configuration is invalid. The message names the offending key."""
+
+
+class DataDirLockedError(DanubeIngestError):
+    """Another process holds the data directory's lock (``danube_ingest.datadir``).
+
+    ``path`` is the lock file, ``holder`` what it says about the holder (pid and host). Nothing
+    in the directory was read or changed. Not retriable: the holder must stop first.
+    """
+
+    def __init__(self, message: str, *, path: Path, holder: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.holder = holder
 
 
 class StorageError(DanubeIngestError):

@@ -8,7 +8,8 @@
      ├── NotOwnerError               UNAVAILABLE          another broker owns the topic (retriable)
      ├── StrategyMismatchError       FAILED_PRECONDITION  reliable vs non-reliable, or sub type
      ├── InvalidRequestError         INVALID_ARGUMENT     oversize payload, too many attributes...
-     └── LimitExceededError          RESOURCE_EXHAUSTED   too many producers / consumers
+     ├── LimitExceededError          RESOURCE_EXHAUSTED   too many producers / consumers
+     └── ListenError                 (start-up)           the listen address cannot be bound
 
 Errors raised by other layers are mapped in ``broker.status``.
 """
@@ -51,3 +52,8 @@ class InvalidRequestError(BrokerError):
 
 class LimitExceededError(BrokerError):
     retriable = True
+
+
+class ListenError(BrokerError):
+    """The broker cannot bind its listen address (in use by another process, or not an
+    address of this host). Raised by ``Broker.start`` before anything is served."""

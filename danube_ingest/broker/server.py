@@ -1,10 +1,14 @@
 """Broker: one daemon serving Danube's client protocol on one port.
 
-Start-up order: recover the WAL (nothing is served before recovery finished), connect to etcd,
-bind the port, register the broker under a lease, start serving. Shutdown (``stop``) is the
-reverse and loses nothing: streams end, in-flight publishes finish or fail within the grace
-period, cursors are flushed, topics are released so another broker can take them over at once,
-the WAL is synced and closed, the lease is revoked.
+Start-up order: lock the data directory (and the WAL directory) so no other process can use
+it (``danube_ingest.datadir``; a second broker on it fails at once naming the holder's pid),
+bind the port and answer every call ``UNAVAILABLE`` (clients retry at once instead of hanging
+on a port that accepts connections but serves nothing), recover the WAL, connect to etcd,
+register the broker under a lease (taking back at once the registration a crashed previous
+process on this data directory left), then serve. Shutdown (``stop``) is the reverse and loses
+nothing: streams end, in-flight publishes finish or fail within the grace period, cursors are
+flushed, topics are released so another broker can take them over at once, the WAL is synced
+and closed, the lease is revoked, the directories are unlocked.
 """
 
 from __future__ import annotations
@@ -13,19 +17,22 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 from danube.proto import SchemaRegistry_pb2_grpc as schema_grpc
 
+from danube_ingest.broker.errors import ListenError
 from danube_ingest.broker.services import add_services
 from danube_ingest.broker.topics import TopicManager
 from danube_ingest.config import BrokerConfig
+from danube_ingest.datadir import DataDirLock, data_dir_id
 from danube_ingest.dispatch import DispatchPolicy, PoisonPolicy
 from danube_ingest.metadata.errors import BrokerIdConflictError
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.keys import Keys
-from danube_ingest.metadata.kv import KV, MemoryKV
+from danube_ingest.metadata.kv import KV, KeyValue, MemoryKV
 from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.offsets import OffsetReservation
 from danube_ingest.metadata.ownership import Ownership
@@ -67,27 +74,41 @@ def dispatch_policy(config: BrokerConfig) -> DispatchPolicy:
     )
 
 
-async def _start_session(session: BrokerSession, kv: KV, keys: Keys) -> None:
-    """Register the broker. A registration left by its own previous process (same id and URL:
-    a crash, then an immediate restart) is waited out, for at most one lease TTL; another
-    holder of the id is refused at once (``BrokerIdConflictError``)."""
+def data_dirs(config: BrokerConfig) -> list[Path]:
+    """The directories a broker of ``config`` locks: its data directory and, unless storage is
+    in memory, its WAL directory (also locked on its own, so ``wal repair --wal-dir`` sees it
+    is in use however the WAL was named)."""
+    dirs = [config.broker.data_dir]
+    if config.storage.mode != "memory":
+        dirs.append(config.wal_dir())
+    return dirs
+
+
+def _registration(stored: KeyValue | None) -> dict[str, object]:
+    if stored is None:
+        return {}
+    try:
+        value = json.loads(stored.value)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+async def _start_session(session: BrokerSession) -> None:
+    """Register the broker. A registration left by a dead previous process on this data
+    directory is taken back at once (``BrokerSession``); one left by a version that did not
+    record its data directory (same URL, no ``data_dir_id``) is waited out, for at most one
+    lease TTL; any other holder of the id is refused at once (``BrokerIdConflictError``)."""
     deadline = time.monotonic() + session.ttl + 1
     waiting = False
     while True:
         try:
             await session.start()
             return
-        except BrokerIdConflictError:
-            stored = await kv.get(keys.broker(session.broker_id))
-            url = None
-            if stored is not None:
-                try:
-                    url = json.loads(stored.value).get("url")
-                except (ValueError, AttributeError):
-                    url = None
-            if (stored is not None and url != session.advertised_url) or (
-                time.monotonic() >= deadline
-            ):
+        except BrokerIdConflictError as exc:
+            stored = _registration(exc.holder)
+            legacy_own = "data_dir_id" not in stored and stored.get("url") == session.advertised_url
+            if (exc.holder is not None and not legacy_own) or time.monotonic() >= deadline:
                 raise
             if not waiting:
                 waiting = True
@@ -100,13 +121,63 @@ async def _start_session(session: BrokerSession, kv: KV, keys: Keys) -> None:
             await asyncio.sleep(0.2)
 
 
+async def _answer_starting(request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(
+        grpc.StatusCode.UNAVAILABLE,
+        "broker is starting (recovering its WAL, registering in etcd); retry shortly",
+    )
+
+
+#: Any method, any cardinality: a stream-stream handler without (de)serializers reads nothing.
+_STARTING = grpc.stream_stream_rpc_method_handler(_answer_starting)
+
+
+class _StartupGate:
+    """The server's only generic handler: every call is answered ``UNAVAILABLE`` until
+    ``open()``, then routed to the services added (``add_services`` registers them here)."""
+
+    def __init__(self) -> None:
+        self._handlers: list[grpc.GenericRpcHandler] = []
+        self._open = False
+
+    def add_generic_rpc_handlers(
+        self, generic_rpc_handlers: Sequence[grpc.GenericRpcHandler]
+    ) -> None:
+        self._handlers.extend(generic_rpc_handlers)
+
+    def add_registered_method_handlers(
+        self, service_name: str, method_handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        """Nothing to do: the generic handler registered with them routes the same methods."""
+
+    def open(self) -> None:
+        self._open = True
+
+    def service(
+        self, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        if not self._open:
+            return _STARTING
+        for handler in self._handlers:
+            found = handler.service(handler_call_details)
+            if found is not None:
+                return found
+        return None
+
+
 class Broker:
     """The ingest daemon. ``await start()``, then ``await stop()`` (or ``serve_until``)."""
 
-    def __init__(self, config: BrokerConfig, *, kv: KV | None = None) -> None:
+    def __init__(
+        self, config: BrokerConfig, *, kv: KV | None = None, lock: DataDirLock | None = None
+    ) -> None:
+        """``lock``: the caller's lock on ``data_dirs(config)`` (``danube-ingest dev`` takes it
+        before starting etcd); by default ``start`` takes it and ``stop`` releases it."""
         self.config = config
         self._kv = kv
         self._owns_kv = kv is None
+        self._lock = lock
+        self._owns_lock = lock is None
         self._server: grpc.aio.Server | None = None
         self.store: TopicStore | None = None
         self.manager: TopicManager | None = None
@@ -121,7 +192,27 @@ class Broker:
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
+        """Start serving (see the module docstring for the order).
+
+        Raises ``DataDirLockedError`` if another process holds the data directory,
+        ``ListenError`` if the listen address cannot be bound, ``BrokerIdConflictError`` if
+        another live broker has this id. On any failure everything started is stopped again.
+        """
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop(grace=0)
+            raise
+
+    async def _start(self) -> None:
         config = self.config
+        if self._lock is None:
+            self._lock = DataDirLock.acquire(*data_dirs(config))
+        dir_id = data_dir_id(config.broker.data_dir)
+        gate = _StartupGate()
+        server = self._bind(gate)
+        await server.start()
+        self._server = server
         self.store = await TopicStore.from_config(config)
         if self._kv is None:
             endpoints = config.etcd.endpoints
@@ -133,20 +224,6 @@ class Broker:
                 )
         kv = self._kv
         keys = Keys(config.etcd.prefix)
-        max_message = config.limits.max_payload_bytes + _GRPC_OVERHEAD
-        max_receive = max(4 * config.limits.max_payload_bytes, _GRPC_MIN_RECEIVE)
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", max_receive),
-                # Bounds concurrent calls (streams included) per client connection: a flood
-                # queues at the client instead of failing with CANCELLED (never retried).
-                ("grpc.max_concurrent_streams", 1000),
-                ("grpc.max_send_message_length", max_message),
-            ]
-        )
-        self.port = server.add_insecure_port(config.broker.listen)
-        host = config.broker.listen.rsplit(":", 1)[0]
-        self.url = config.broker.advertised_url or f"http://{host}:{self.port}"
         self._session = BrokerSession(
             kv,
             keys,
@@ -154,8 +231,9 @@ class Broker:
             self.url,
             ttl=config.etcd.lease_ttl_seconds,
             regions=len(self.store.regions),
+            data_dir_id=dir_id,
         )
-        await _start_session(self._session, kv, keys)
+        await _start_session(self._session)
         ownership = Ownership(kv, keys, self._session)
         self._ownership = ownership
         self._progress = ProgressUpdater(ownership)
@@ -177,16 +255,46 @@ class Broker:
             consumer_idle_seconds=float(config.dispatch.consumer_idle_seconds),
             manifest=manifest,
         )
-        add_services(server, self.manager)
-        schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), server)
-        await server.start()
-        self._server = server
+        add_services(gate, self.manager)
+        schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), gate)
+        gate.open()
         log.info(
             "broker started broker_id=%s url=%s wal=%s",
             config.broker.broker_id,
             self.url,
             config.wal_dir() if config.storage.mode != "memory" else "memory",
         )
+
+    def _bind(self, gate: _StartupGate) -> grpc.aio.Server:
+        """A server bound to ``broker.listen`` with ``gate`` as its only handler; sets
+        ``port`` and ``url``."""
+        config = self.config
+        max_message = config.limits.max_payload_bytes + _GRPC_OVERHEAD
+        max_receive = max(4 * config.limits.max_payload_bytes, _GRPC_MIN_RECEIVE)
+        server = grpc.aio.server(
+            handlers=[gate],
+            options=[
+                ("grpc.max_receive_message_length", max_receive),
+                # Bounds concurrent calls (streams included) per client connection: a flood
+                # queues at the client instead of failing with CANCELLED (never retried).
+                ("grpc.max_concurrent_streams", 1000),
+                ("grpc.max_send_message_length", max_message),
+                # gRPC's default SO_REUSEPORT would let a second process bind the same port and
+                # take half the new connections: a port in use must be an error.
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        listen = config.broker.listen
+        try:
+            self.port = server.add_insecure_port(listen)
+        except RuntimeError as exc:
+            raise ListenError(
+                f"cannot listen on {listen}: the port is in use by another process or the "
+                "address is not one of this host; stop that process or choose another --listen"
+            ) from exc
+        host = listen.rsplit(":", 1)[0]
+        self.url = config.broker.advertised_url or f"http://{host}:{self.port}"
+        return server
 
     def _start_cold_path(self, kv: KV, keys: Keys, ownership: Ownership) -> Manifest | None:
         """Object store, cloud reader, uploader (mode wal_cloud) and the WAL cleaner."""
@@ -256,6 +364,8 @@ class Broker:
             await self._session.close()
         if self._kv is not None and self._owns_kv:
             await self._kv.close()
+        if self._lock is not None and self._owns_lock:
+            self._lock.release()
         log.info("broker stopped broker_id=%s", self.config.broker.broker_id)
 
     async def wait_stopped(self) -> None:

@@ -8,8 +8,8 @@ the topic, id or limit involved.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
 
 import grpc
 from danube.proto import DanubeApi_pb2 as pb
@@ -219,7 +219,20 @@ class HealthService(pb_grpc.HealthCheckServicer):  # type: ignore[misc]
         return pb.HealthCheckResponse(status=status)
 
 
-def add_services(server: grpc.aio.Server, manager: TopicManager) -> None:
+class HandlerRegistry(Protocol):
+    """Where generated ``add_*Servicer_to_server`` functions register their handlers: a
+    ``grpc.aio.Server``, or the broker's start-up gate in front of one."""
+
+    def add_generic_rpc_handlers(
+        self, generic_rpc_handlers: Sequence[grpc.GenericRpcHandler]
+    ) -> None: ...
+
+    def add_registered_method_handlers(
+        self, service_name: str, method_handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None: ...
+
+
+def add_services(server: HandlerRegistry, manager: TopicManager) -> None:
     pb_grpc.add_DiscoveryServicer_to_server(DiscoveryService(manager), server)
     pb_grpc.add_ProducerServiceServicer_to_server(ProducerService(manager), server)
     pb_grpc.add_ConsumerServiceServicer_to_server(ConsumerService(manager), server)

@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
+import shutil
 import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from danube_ingest.broker.server import Broker
-from danube_ingest.cli.dagster_ui import DagsterUI
+from danube_ingest.broker.server import Broker, data_dirs
+from danube_ingest.cli.dagster_ui import DagsterUI, DagsterUIError
 from danube_ingest.config import BrokerConfig, load_config
+from danube_ingest.datadir import DataDirLock
 from danube_ingest.metadata.server import EtcdServer
 from danube_ingest.runtime import run_daemon, tune_gc
 
 log = logging.getLogger(__name__)
+
+#: The broker address ``dev`` listens on, and the one ``produce``/``consume`` use by default.
+DEFAULT_LISTEN = "127.0.0.1:6650"
 
 
 def register(commands: Any) -> None:
@@ -45,7 +54,7 @@ def register(commands: Any) -> None:
         ),
     )
     dev.add_argument("--data-dir", default="./data", help="where etcd, WAL and objects live")
-    dev.add_argument("--listen", default="127.0.0.1:6650", help="broker listen address")
+    dev.add_argument("--listen", default=DEFAULT_LISTEN, help="broker listen address")
     dev.add_argument("--etcd-port", type=int, default=2379, help="local etcd client port")
     dev.add_argument("--config", help="broker config file (defaults otherwise)")
     dev.add_argument(
@@ -81,17 +90,29 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
-async def serve(config: BrokerConfig) -> None:
-    """Run a broker until SIGTERM or SIGINT, then shut it down cleanly."""
+async def serve(
+    config: BrokerConfig,
+    *,
+    lock: DataDirLock | None = None,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[Broker], None] | None = None,
+) -> None:
+    """Run a broker until SIGTERM or SIGINT (or ``stop`` is set), then shut it down cleanly.
+
+    ``lock``: the data directories' lock when the caller took it (``Broker``); ``ready`` is
+    called once the broker serves.
+    """
     tune_gc()
-    broker = Broker(config)
-    stop = asyncio.Event()
+    broker = Broker(config, lock=lock)
+    stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await broker.start()
     print(f"danube-ingest broker {config.broker.broker_id} serving on {broker.url}", flush=True)
     try:
+        if ready is not None:
+            ready(broker)
         await stop.wait()
     finally:
         await broker.stop()
@@ -123,15 +144,84 @@ def _etcd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cli_command() -> str:
+    """How to run ``danube-ingest`` from the user's shell: the bare name if that is this
+    interpreter's script (an activated venv), else the script's path (relative when under the
+    working directory), else ``python -m``."""
+    script = Path(sys.executable).parent / "danube-ingest"
+    if not script.is_file():
+        return f"{sys.executable} -m danube_ingest.cli"
+    on_path = shutil.which("danube-ingest")
+    if on_path is not None and Path(on_path).resolve() == script.resolve():
+        return "danube-ingest"
+    relative = os.path.relpath(script)
+    return relative if not relative.startswith("..") else str(script)
+
+
+def _banner(args: argparse.Namespace, etcd: EtcdServer, dagster: DagsterUI | None) -> str:
+    """What ``dev`` prints once the broker serves: where everything is, and commands that work
+    as printed."""
+    command = _cli_command()
+    url = "" if args.listen == DEFAULT_LISTEN else f" --service-url http://{args.listen}"
+    lines = [
+        f"danube-ingest dev: etcd on {etcd.endpoint}, broker on http://{args.listen}, "
+        f"data in {args.data_dir}",
+    ]
+    if dagster is not None:
+        lines.append(
+            f"  Dagster UI starting on {dagster.url} (log {dagster.log_path}; "
+            "'dagster started' is logged once it answers)"
+        )
+    lines.append(f"  try: {command} produce{url} --topic /default/demo --count 10")
+    lines.append(f"       {command} consume{url} --topic /default/demo --subscription demo")
+    return "\n".join(lines)
+
+
+async def _run_dev(
+    config: BrokerConfig,
+    lock: DataDirLock,
+    dagster: DagsterUI | None,
+    banner: str,
+) -> int:
+    """Serve the broker while watching Dagster; stops everything (exit 1) if Dagster fails to
+    start. Stops Dagster after the broker."""
+    stop = asyncio.Event()
+    failed = False
+
+    async def watch_dagster(ui: DagsterUI) -> None:
+        nonlocal failed
+        try:
+            await asyncio.to_thread(ui.wait_ready)
+        except DagsterUIError as exc:
+            if not stop.is_set():
+                failed = True
+                log.error("dagster failed error=%s", exc)
+                print(f"danube-ingest dev: error: {exc}", file=sys.stderr, flush=True)
+                stop.set()
+
+    watcher = None
+
+    def ready(broker: Broker) -> None:
+        nonlocal watcher
+        print(banner, flush=True)
+        if dagster is not None:
+            watcher = asyncio.create_task(watch_dagster(dagster))
+
+    try:
+        await serve(config, lock=lock, stop=stop, ready=ready)
+    finally:
+        stop.set()
+        if dagster is not None:
+            await asyncio.to_thread(dagster.stop)
+        if watcher is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+    return 1 if failed else 0
+
+
 def _dev(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir)
     etcd = EtcdServer(data_dir / "etcd", client_port=args.etcd_port, peer_port=args.etcd_port + 1)
-    etcd.start()
-    try:
-        etcd.wait_healthy(30)
-    except BaseException:
-        etcd.stop()
-        raise
     config = load_config(
         args.config,
         {
@@ -140,35 +230,32 @@ def _dev(args: argparse.Namespace) -> int:
             "etcd.endpoints": etcd.endpoint,
         },
     )
-    dagster = None
-    if not args.no_dagster:
-        dagster = DagsterUI(
-            data_dir,
-            host=args.listen.rsplit(":", 1)[0],
-            port=args.dagster_port,
-            etcd_endpoint=etcd.endpoint,
-            etcd_prefix=config.etcd.prefix,
-        )
-    print(
-        f"danube-ingest dev: etcd on {etcd.endpoint}, broker on http://{args.listen}, "
-        f"data in {data_dir}\n"
-        + (
-            f"  Dagster UI on {dagster.url} (log {dagster.log_path})\n"
-            if dagster is not None
-            else ""
-        )
-        + "  try: danube-ingest produce --topic /default/demo --count 10\n"
-        "       danube-ingest consume --topic /default/demo --subscription demo",
-        flush=True,
-    )
-    try:
-        if dagster is not None:
-            dagster.start()
-        run_daemon(serve(config))
-    finally:
+    # Before anything touches the data directory: a second `dev` on it fails here, naming us.
+    with DataDirLock.acquire(*data_dirs(config)) as lock:
+        dagster = None
+        if not args.no_dagster:
+            dagster = DagsterUI(
+                data_dir,
+                host=args.listen.rsplit(":", 1)[0],
+                port=args.dagster_port,
+                etcd_endpoint=etcd.endpoint,
+                etcd_prefix=config.etcd.prefix,
+            )
+        etcd.start()
         try:
+            etcd.wait_healthy(30)
             if dagster is not None:
-                dagster.stop()
+                dagster.start()
+            codes: list[int] = []
+
+            async def main() -> None:
+                codes.append(await _run_dev(config, lock, dagster, _banner(args, etcd, dagster)))
+
+            run_daemon(main())
         finally:
-            etcd.stop()
-    return 0
+            try:
+                if dagster is not None:
+                    dagster.stop()
+            finally:
+                etcd.stop()
+    return codes[0] if codes else 1

@@ -5,6 +5,11 @@
 so a Ctrl-C in the terminal reaches only ``danube-ingest dev``, which stops Dagster after the
 broker and before etcd. Its output goes to ``{data_dir}/dagster/dagster.log``; its instance
 (runs, schedule ticks) lives in ``{data_dir}/dagster`` (``DAGSTER_HOME``).
+
+``start`` refuses a port another process listens on and returns once the process is launched
+("dagster launched"); ``wait_ready`` logs "dagster started" only once the UI answers HTTP on its
+port from a process that still runs, and raises ``DagsterUIError`` with the log's tail if the
+process exits first.
 """
 
 from __future__ import annotations
@@ -15,14 +20,24 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import IO
+
+from danube_ingest.errors import DanubeIngestError
+from danube_ingest.metadata.server import port_in_use
 
 log = logging.getLogger(__name__)
 
 #: The instance settings written when ``DAGSTER_HOME`` has none: no telemetry (the local system
 #: must not reach out to the network).
 _INSTANCE_YAML = "telemetry:\n  enabled: false\n"
+
+
+class DagsterUIError(DanubeIngestError):
+    """The Dagster UI could not be started (port in use, process exited, never answered)."""
 
 
 def _default_signals() -> None:
@@ -64,6 +79,14 @@ class DagsterUI:
         return [str(dagster), "dev", *target, "-h", self.host, "-p", str(self.port)]
 
     def start(self) -> None:
+        """Launch ``dagster dev`` (see ``wait_ready``). Raises ``DagsterUIError`` if the port
+        is in use by another process, ``OSError`` if the command cannot be run."""
+        if port_in_use(self._probe_host, self.port):
+            raise DagsterUIError(
+                f"the Dagster UI cannot start: port {self.host}:{self.port} is in use by another "
+                "process (another `danube-ingest dev`?); stop it, or use --dagster-port N or "
+                "--no-dagster"
+            )
         self.home.mkdir(parents=True, exist_ok=True)
         instance = self.home / "dagster.yaml"
         if not instance.exists():
@@ -85,7 +108,56 @@ class DagsterUI:
             self._log.close()
             self._log = None
             raise
-        log.info("dagster started pid=%s url=%s log=%s", self._process.pid, self.url, self.log_path)
+        log.info(
+            "dagster launched pid=%s url=%s log=%s", self._process.pid, self.url, self.log_path
+        )
+
+    @property
+    def _probe_host(self) -> str:
+        return "127.0.0.1" if self.host in ("", "0.0.0.0") else self.host
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """Block until the UI answers HTTP and its process still runs; then log "dagster
+        started". Raises ``DagsterUIError`` (with the log's tail) if the process exits, is
+        stopped, or does not answer within ``timeout`` seconds."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        url = f"http://{self._probe_host}:{self.port}/server_info"
+        deadline = time.monotonic() + timeout
+        while True:
+            process = self._process
+            if process is None or process.poll() is not None:
+                code = None if process is None else process.returncode
+                raise DagsterUIError(
+                    f"the Dagster UI did not start (exit code {code}); log {self.log_path}:\n"
+                    f"{self.log_tail()}"
+                )
+            try:
+                with opener.open(url, timeout=1.0) as response:
+                    response.read()
+                answered = True
+            except urllib.error.HTTPError:
+                answered = True  # it answers; the status does not matter
+            except OSError:
+                answered = False
+            if answered and process.poll() is None:
+                log.info(
+                    "dagster started pid=%s url=%s log=%s", process.pid, self.url, self.log_path
+                )
+                return
+            if time.monotonic() >= deadline:
+                raise DagsterUIError(
+                    f"the Dagster UI does not answer on {self.url} after {timeout:.0f}s; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(0.25)
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` lines of the UI's log."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM (``dagster dev`` stops its webserver, daemon and code servers), then kill the

@@ -3,6 +3,11 @@
 Run them while the broker is stopped. ``verify`` changes nothing and exits 1 when a region is
 corrupt (the broker would refuse to open it). ``repair`` truncates each damaged region at its
 first damage, moving the cut bytes and every later segment into ``{region}/quarantine/``.
+
+``repair`` takes the WAL directory's lock (``danube_ingest.datadir``; a running broker holds it)
+and refuses, naming the broker's pid, while a broker uses the WAL. ``verify`` takes no lock and
+only reads, so it may be run on a live WAL: the newest segment may then show a "torn tail"
+that is only a write in progress.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from danube_ingest.config import load_config
+from danube_ingest.datadir import DataDirLock
 from danube_ingest.errors import ConfigError
 from danube_ingest.wal.recovery import repair_region, verify_region
 
@@ -69,7 +75,14 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _repair(args: argparse.Namespace) -> int:
-    for region in _regions(_wal_dir(args)):
+    wal_dir = _wal_dir(args)
+    regions = _regions(wal_dir)
+    with DataDirLock.acquire(wal_dir):
+        return _repair_regions(args, regions)
+
+
+def _repair_regions(args: argparse.Namespace, regions: list[Path]) -> int:
+    for region in regions:
         report = verify_region(region)
         damage = report.corruption
         if damage is None and report.torn_tail is None:

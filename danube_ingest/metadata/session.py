@@ -12,6 +12,13 @@ Guarantees:
 * On loss, every ``on_lost`` callback runs once, then the session keeps trying to register
   again under a new lease (after revoking the old one, so nothing of it outlives the loss),
   every 0.5 s (at most every ttl/3) until etcd answers.
+* Taking back a crashed process's registration: given ``data_dir_id`` (the id of the data
+  directory this process holds locked, ``danube_ingest.datadir``), the registration carries it
+  and the host name. A registration with the same id and host can only have been left by a
+  previous process of this broker on this data directory, which is dead (we hold the lock it
+  held), so ``start()`` revokes that lease at once (deleting the old registration and the topic
+  owner keys under it) and registers, instead of waiting up to ``ttl`` for it to expire. Any
+  other holder of the id is refused.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -31,7 +39,7 @@ from danube_ingest.metadata.errors import (
     MetadataError,
 )
 from danube_ingest.metadata.keys import Keys
-from danube_ingest.metadata.kv import KV, Compare, Get, Put
+from danube_ingest.metadata.kv import KV, Compare, Get, KeyValue, Put
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,7 @@ class BrokerSession:
         ttl: int = 10,
         *,
         regions: int = 1,
+        data_dir_id: str | None = None,
     ) -> None:
         if ttl < 1:
             raise MetadataError(f"session TTL must be at least 1 second, got {ttl}")
@@ -67,6 +76,8 @@ class BrokerSession:
         self.advertised_url = advertised_url
         self.ttl = ttl
         self.regions = regions
+        self.data_dir_id = data_dir_id
+        self.host = socket.gethostname()
         self._key = keys.broker(broker_id)
         self._lease_id: int | None = None
         self._alive = False
@@ -93,11 +104,26 @@ class BrokerSession:
         """Register, then keep the lease alive in the background until :meth:`close`.
 
         Raises ``BrokerIdConflictError`` if another live broker holds this id, and
-        ``MetadataUnavailableError`` if etcd cannot be reached.
+        ``MetadataUnavailableError`` if etcd cannot be reached. A registration left by a dead
+        previous process on the same data directory is taken back at once (module docstring).
         """
         if self._closed or self._task is not None:
             raise MetadataError(f"broker session {self.broker_id} was already started")
-        await self._register()
+        try:
+            await self._register()
+        except BrokerIdConflictError as exc:
+            holder = exc.holder
+            if holder is None or holder.lease is None or not self._left_by_us(holder):
+                raise
+            log.info(
+                "taking back the registration of a previous process broker=%s lease=%x "
+                "data_dir_id=%s",
+                self.broker_id,
+                holder.lease,
+                self.data_dir_id,
+            )
+            await self.kv.revoke_lease(holder.lease)
+            await self._register()
         self._task = asyncio.create_task(self._keepalive(), name=f"broker-session-{self.broker_id}")
 
     async def close(self) -> None:
@@ -132,9 +158,15 @@ class BrokerSession:
     async def _register(self) -> None:
         sent = time.monotonic()
         lease_id = await self.kv.grant_lease(self.ttl)
-        value = json.dumps(
-            {"url": self.advertised_url, "started_ms": _now_ms(), "regions": self.regions}
-        ).encode()
+        registration: dict[str, object] = {
+            "url": self.advertised_url,
+            "started_ms": _now_ms(),
+            "regions": self.regions,
+        }
+        if self.data_dir_id is not None:
+            registration["data_dir_id"] = self.data_dir_id
+            registration["host"] = self.host
+        value = json.dumps(registration).encode()
         try:
             result = await self.kv.txn(
                 [Compare.absent(self._key)], [Put(self._key, value, lease_id)], [Get(self._key)]
@@ -152,7 +184,8 @@ class BrokerSession:
             raise BrokerIdConflictError(
                 f"broker id {self.broker_id!r} is already registered by a live broker at {url}: "
                 f"stop that broker, give this one another id, or wait up to {self.ttl}s for its "
-                "lease to expire"
+                "lease to expire",
+                holder=holder,
             )
         self._lease_id = lease_id
         self._deadline = sent + self.ttl
@@ -163,6 +196,20 @@ class BrokerSession:
             self.advertised_url,
             lease_id,
             self.ttl,
+        )
+
+    def _left_by_us(self, holder: KeyValue) -> bool:
+        """Whether ``holder`` is the registration of a previous process on our data directory."""
+        if self.data_dir_id is None:
+            return False
+        try:
+            stored = json.loads(holder.value)
+        except ValueError:
+            return False
+        return (
+            isinstance(stored, dict)
+            and stored.get("data_dir_id") == self.data_dir_id
+            and stored.get("host") == self.host
         )
 
     async def _keepalive(self) -> None:

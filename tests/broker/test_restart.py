@@ -9,10 +9,12 @@ known consumer id on ``ReceiveMessages``, and continue the topic's offsets after
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 from danube import (
     ConsumerOptions,
@@ -22,11 +24,16 @@ from danube import (
     SubType,
 )
 from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
+from danube_ingest.broker.errors import ListenError
+from danube_ingest.broker.server import Broker
+from danube_ingest.datadir import DataDirLock
+from danube_ingest.metadata.errors import MetadataUnavailableError
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.records import decode_cursor
-from danube_ingest.testing import BrokerProcess
+from danube_ingest.testing import BrokerProcess, broker_config, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +75,8 @@ async def _wait_cursor(kv: EtcdKV, keys: Keys, expected: int) -> None:
     [
         pytest.param(LONG_OUTAGE, id="after-lease-and-health-loop"),
         # Restarted at once (a supervisor): the crashed broker's registration is still
-        # there (for up to LEASE_TTL); the new process must wait it out, not refuse to start.
+        # there (for up to LEASE_TTL); the new process takes it back (same data directory),
+        # neither refusing to start nor waiting it out.
         pytest.param(0.0, id="within-lease"),
     ],
 )
@@ -154,3 +162,151 @@ async def test_sigkill_restart_keeps_connected_clients(
     finally:
         await kv.close()
         await asyncio.to_thread(broker.stop)
+
+
+async def _publish(url: str, topic: str, payloads: list[bytes]) -> None:
+    client = await DanubeClientBuilder().service_url(url).build()
+    producer = (
+        client.new_producer()
+        .with_topic(topic)
+        .with_name(f"p-{time.monotonic_ns()}")
+        .with_dispatch_strategy(DispatchStrategy.RELIABLE)
+        .with_options(ProducerOptions(**RETRY_BUDGET))
+        .build()
+    )
+    await producer.create()
+    for payload in payloads:
+        await producer.send(payload, {})
+    await producer.close()
+
+
+async def test_second_broker_on_the_same_data_dir_fails_at_once_and_the_first_keeps_serving(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str
+) -> None:
+    """Issue 11 item 2: the second process used to recover (rotate, delete) the first one's WAL
+    segments, after which every publish to the first failed with INTERNAL."""
+    first = BrokerProcess(tmp_path / "data", etcd_server, prefix=etcd_prefix)
+    await asyncio.to_thread(first.start)
+    second = BrokerProcess(tmp_path / "data", etcd_server, broker_id="broker-2", prefix=etcd_prefix)
+    try:
+        await _publish(first.url, TOPIC, [f"a{i}".encode() for i in range(20)])
+        segments = sorted((tmp_path / "data" / "wal").rglob("*.wal"))
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"broker exited \(2\)"):
+            await asyncio.to_thread(second.start)
+        assert time.monotonic() - started < 10  # Python start-up only: it waits for nothing
+        assert first.process is not None
+        text = second.log_text()
+        assert f"is in use by pid {first.process.pid} on" in text, text
+        assert "Traceback" not in text and "recover" not in text.lower(), text
+        # Nothing of the first one's WAL was touched, and it keeps acknowledging publishes.
+        assert sorted((tmp_path / "data" / "wal").rglob("*.wal")) == segments
+        await _publish(first.url, TOPIC, [f"b{i}".encode() for i in range(20)])
+        assert first.process.poll() is None
+        log = first.log_text()
+        assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
+    finally:
+        await asyncio.to_thread(second.kill)
+        await asyncio.to_thread(first.stop)
+
+
+async def test_sigkill_restart_takes_its_registration_back_without_waiting_for_the_lease(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str
+) -> None:
+    """Issue 11 item 5: a restart used to wait out its own previous lease (up to the TTL, 10 s
+    here) before serving. The data directory's lock proves the old process dead."""
+    broker = BrokerProcess(tmp_path / "b1", etcd_server, prefix=etcd_prefix, lease_ttl=10)
+    await asyncio.to_thread(broker.start)
+    try:
+        await _publish(broker.url, TOPIC, [b"before"])
+        broker.kill(signal.SIGKILL)
+        killed = time.monotonic()
+        await asyncio.to_thread(broker.start)
+        await _publish(broker.url, TOPIC, [b"after"])
+        acknowledged = time.monotonic() - killed
+        print(f"SIGKILL -> first acknowledged publish: {acknowledged:.2f}s (lease TTL 10 s)")
+        assert acknowledged < 5.0, broker.log_text()[-3000:]
+        assert "taking back the registration of a previous process" in broker.log_text()
+    finally:
+        await asyncio.to_thread(broker.stop)
+
+
+async def test_calls_during_start_up_fail_fast_with_unavailable(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str
+) -> None:
+    """While the broker is bound but not yet serving (here: waiting out a registration of an
+    older version under its URL), calls are answered UNAVAILABLE at once instead of hanging
+    until their deadline; the broker then serves, and on a failed start unlocks its data."""
+    port = free_port()
+    config = broker_config(
+        tmp_path / "b1",
+        etcd_server,
+        port=port,
+        prefix=etcd_prefix,
+        overrides={"etcd.lease_ttl_seconds": 3},
+    )
+    kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+    lease = await kv.grant_lease(3)
+    registration = {"url": f"http://127.0.0.1:{port}", "started_ms": 0, "regions": 1}
+    await kv.put(
+        Keys(etcd_prefix).broker("broker-1"), json.dumps(registration).encode(), lease=lease
+    )
+    broker = Broker(config)
+    starting = asyncio.create_task(broker.start())
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    lookup = pb_grpc.DiscoveryStub(channel).TopicLookup
+    try:
+        while broker.port == 0:
+            await asyncio.sleep(0.01)
+        assert not starting.done()
+        sent = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await lookup(pb.TopicLookupRequest(topic=TOPIC), timeout=2.5)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+        assert "starting" in (caught.value.details() or "")
+        assert time.monotonic() - sent < 1.0
+        assert not starting.done()
+        await asyncio.wait_for(starting, 10)
+        with pytest.raises(grpc.aio.AioRpcError) as served:  # now the real service answers
+            await lookup(pb.TopicLookupRequest(topic=TOPIC), timeout=5)
+        assert served.value.code() == grpc.StatusCode.NOT_FOUND, served.value
+    finally:
+        await channel.close()
+        await broker.stop(grace=1.0)
+        await kv.close()
+    # A start that fails (etcd unreachable) releases the data directory again.
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    failing = Broker(
+        broker_config(
+            tmp_path / "b1",
+            unreachable,
+            prefix=etcd_prefix,
+            overrides={"etcd.connect_timeout_seconds": 1},
+        )
+    )
+    with pytest.raises(MetadataUnavailableError):
+        await failing.start()
+    DataDirLock.acquire(tmp_path / "b1").release()
+
+
+async def test_a_port_in_use_is_refused_not_shared(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str
+) -> None:
+    """gRPC's default SO_REUSEPORT let a second broker bind a running one's port and take
+    part of its new connections; now the second one fails before touching anything."""
+    port = free_port()
+    first = Broker(broker_config(tmp_path / "b1", etcd_server, port=port, prefix=etcd_prefix))
+    await first.start()
+    try:
+        second = Broker(
+            broker_config(
+                tmp_path / "b2", etcd_server, broker_id="broker-2", port=port, prefix=etcd_prefix
+            )
+        )
+        with pytest.raises(ListenError, match=f"cannot listen on 127.0.0.1:{port}: the port is in"):
+            await second.start()
+        # The port is bound before the WAL is opened: no region was created or recovered.
+        assert [p.name for p in (tmp_path / "b2" / "wal").iterdir()] == ["LOCK"]
+        await _publish(first.url, TOPIC, [b"still served"])
+    finally:
+        await first.stop(grace=1.0)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -102,3 +105,114 @@ def test_ctrl_c_stops_broker_then_dagster_then_etcd(tmp_path: Path) -> None:
 def _dagster_log(tmp_path: Path) -> str:
     path = tmp_path / "data" / "dagster" / "dagster.log"
     return path.read_text(errors="replace")[-3000:] if path.exists() else "(no dagster log)"
+
+
+def _dev(
+    tmp_path: Path, name: str, data_dir: Path, *extra: str
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """``danube-ingest dev`` in a process group of its own, output to ``{name}.log``."""
+    log_path = tmp_path / f"{name}.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "danube_ingest.cli", "dev", "--data-dir", str(data_dir), *extra],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return process, log_path
+
+
+def _interrupt(process: subprocess.Popen[bytes]) -> int:
+    """Ctrl-C, as a terminal sends it; killed if it does not stop within 60 s."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            return process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return process.returncode
+
+
+def test_dev_twice_the_second_fails_at_once_naming_the_first(tmp_path: Path) -> None:
+    """Issue 11 item 2: the second `dev` used to start, print "etcd started" for an etcd that
+    could not bind, and break the first one's WAL. Also: the banner's hints work as printed
+    (here with a --listen that is not the default, so they need --service-url)."""
+    data_dir = tmp_path / "data"
+    ports = ["--listen", f"127.0.0.1:{free_port()}", "--etcd-port", str(free_port())]
+    first, first_log = _dev(tmp_path, "first", data_dir, *ports, "--no-dagster")
+    try:
+        deadline = time.monotonic() + 60
+        while "serving on" not in first_log.read_text(errors="replace"):
+            assert first.poll() is None, first_log.read_text(errors="replace")
+            assert time.monotonic() < deadline, first_log.read_text(errors="replace")
+            time.sleep(0.1)
+        time.sleep(0.2)  # the banner follows the serving line
+
+        started = time.monotonic()
+        second, second_log = _dev(tmp_path, "second", data_dir, *ports, "--no-dagster")
+        assert second.wait(30) == 2
+        assert time.monotonic() - started < 15  # Python start-up: it waits for nothing
+        text = second_log.read_text(errors="replace")
+        assert f"in use by pid {first.pid} on" in text, text
+        assert "Traceback" not in text and "started" not in text, text
+
+        # The first keeps serving: the banner's produce hint, run exactly as printed.
+        banner = first_log.read_text(errors="replace")
+        hint = next(line for line in banner.splitlines() if line.strip().startswith("try:"))
+        command = shlex.split(hint.split("try:", 1)[1])
+        assert "--service-url" in command, hint
+        executable = shutil.which(command[0]) or command[0]
+        produced = subprocess.run(
+            [executable, *command[1:]], capture_output=True, text=True, timeout=60
+        )
+        assert produced.returncode == 0, (hint, produced.stdout, produced.stderr)
+    finally:
+        code = _interrupt(first)
+    text = first_log.read_text(errors="replace")
+    assert code == 0, text
+    assert "error" not in text.lower(), text
+
+
+@pytest.mark.parametrize("taken", ["etcd", "dagster"])
+def test_a_port_in_use_is_reported_not_started(tmp_path: Path, taken: str) -> None:
+    """Another process on etcd's or Dagster's port: `dev` says so and exits 2, and never
+    claims that the server started."""
+    etcd_port, dagster_port = free_port(), free_port()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", etcd_port if taken == "etcd" else dagster_port))
+        holder.listen()
+        process, log_path = _dev(
+            tmp_path,
+            "dev",
+            tmp_path / "data",
+            *("--listen", f"127.0.0.1:{free_port()}", "--etcd-port", str(etcd_port)),
+            *("--dagster-port", str(dagster_port)),
+        )
+        try:
+            assert process.wait(60) == 2
+        finally:
+            _interrupt(process)
+    text = log_path.read_text(errors="replace")
+    port = etcd_port if taken == "etcd" else dagster_port
+    assert f"127.0.0.1:{port} is in use by another process" in text, text
+    assert f"{taken} started" not in text and "serving on" not in text, text
+    assert "Traceback" not in text, text
+    if taken == "dagster":
+        assert "etcd stopped" in text, text  # what was started is stopped again
+
+
+def test_make_dev_passes_args_through() -> None:
+    root = Path(__file__).resolve().parents[2]
+    dry_run = subprocess.run(
+        [
+            *("make", "-n", "--no-print-directory", "-C", str(root)),
+            *("dev", "ARGS=--dagster-port 3001 --no-dagster"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert dry_run.returncode == 0, dry_run.stderr
+    last = dry_run.stdout.strip().splitlines()[-1]
+    assert last.endswith("danube-ingest dev --dagster-port 3001 --no-dagster"), dry_run.stdout

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from danube_ingest.cli import main
 from danube_ingest.store import TopicStore
+from danube_ingest.testing import free_port
 from danube_ingest.wal import Entry
 from danube_ingest.wal.segment import list_segments, segment_path
 
@@ -76,3 +80,40 @@ def test_missing_wal_dir_is_a_usage_error(
 ) -> None:
     assert main(["wal", "verify", "--wal-dir", str(tmp_path / "nope")]) == 2
     assert "no WAL directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--wal-dir", "--data-dir"])
+def test_repair_refuses_a_wal_in_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    """A running broker holds the WAL directory's lock: repair must not rewrite its segments.
+    The holder is a real broker process (``danube-ingest broker --etcd memory``)."""
+    wal = tmp_path / "wal"
+    _write_wal(wal)
+    port = free_port()
+    log = tmp_path / "broker.log"
+    with log.open("wb") as out:
+        broker = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "danube_ingest.cli", "broker", "--etcd", "memory"),
+                *("--data-dir", str(tmp_path), "--listen", f"127.0.0.1:{port}"),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while "serving on" not in log.read_text(errors="replace"):
+            assert broker.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        before = {p.name: p.read_bytes() for p in (wal / "r0").glob("*.wal")}
+        target = str(wal) if flag == "--wal-dir" else str(tmp_path)
+        assert main(["wal", "repair", flag, target, "--yes"]) == 2
+        err = capsys.readouterr().err
+        assert f"in use by pid {broker.pid}" in err, err
+        assert {p.name: p.read_bytes() for p in (wal / "r0").glob("*.wal")} == before
+        # verify only reads: it may run while the broker does.
+        assert main(["wal", "verify", flag, target]) == 0
+    finally:
+        broker.terminate()
+        broker.wait(30)

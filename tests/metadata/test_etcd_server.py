@@ -52,14 +52,25 @@ def test_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_server_that_exits_reports_its_log(tmp_path: Path) -> None:
-    port = free_port()
-    with socket.socket() as taken:  # the client port is in use, so etcd exits at once
-        taken.bind(("127.0.0.1", port))
-        taken.listen()
-        server = EtcdServer(tmp_path, port, free_port(), fast=True)
-        with pytest.raises(EtcdServerError, match="not running") as caught, server:
-            pass
+    (tmp_path / "etcd-data").write_text("a file where etcd wants its data directory")
+    server = EtcdServer(tmp_path, free_port(), free_port(), fast=True)
+    with pytest.raises(EtcdServerError, match="not running") as caught, server:
+        pass  # etcd exits at once: it cannot create its data directory
     assert str(server.log_path) in str(caught.value)
+    assert not server.running
+
+
+@pytest.mark.parametrize("which", ["client", "peer"])
+def test_port_in_use_is_refused_before_etcd_starts(tmp_path: Path, which: str) -> None:
+    """Another process on the port: etcd would fail to bind, and a health check could be
+    answered by that other process (a second `danube-ingest dev` reported "etcd started")."""
+    client_port, peer_port = free_port(), free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", client_port if which == "client" else peer_port))
+        taken.listen()
+        server = EtcdServer(tmp_path, client_port, peer_port, fast=True)
+        with pytest.raises(EtcdServerError, match=f"its {which} port 127.0.0.1:.* is in use"):
+            server.start()
     assert not server.running
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 import pytest
@@ -86,3 +87,52 @@ async def test_unreachable_etcd_ends_the_session_within_its_ttl(keys: Keys) -> N
         await eventually(lambda: session.alive, timeout=5)
         await session.close()
         await kv.close()
+
+
+async def _leftover(kv: KV, keys: Keys, registration: dict[str, object]) -> int:
+    """What a SIGKILLed broker leaves: its registration (and an owner key) under a lease that
+    nobody refreshes any more, good for another 30 s."""
+    lease = await kv.grant_lease(30)
+    await kv.put(keys.broker("b1"), json.dumps(registration).encode(), lease=lease)
+    await kv.put(keys.topic_owner("/default/t"), b"b1", lease=lease)
+    return lease
+
+
+async def test_restart_on_the_same_data_dir_takes_the_registration_back_at_once(
+    kv: KV, keys: Keys
+) -> None:
+    """The data directory's lock proves the previous process is dead: no waiting for its TTL."""
+    old = await _leftover(
+        kv, keys, {"url": "http://b1:6650", "data_dir_id": "d1", "host": socket.gethostname()}
+    )
+    started = time.monotonic()
+    async with BrokerSession(kv, keys, "b1", "http://b1:6650", ttl=30, data_dir_id="d1") as new:
+        assert time.monotonic() - started < 2.0
+        assert new.alive and new.lease_id != old
+        stored = await kv.get(keys.broker("b1"))
+        assert stored is not None and stored.lease == new.lease_id
+        value = json.loads(stored.value)
+        assert value["data_dir_id"] == "d1" and value["host"] == socket.gethostname()
+        # The old lease was revoked, so the topics it owned are free for the new process.
+        assert await kv.get(keys.topic_owner("/default/t")) is None
+
+
+@pytest.mark.parametrize(
+    "registration",
+    [
+        pytest.param({"data_dir_id": "d2", "host": socket.gethostname()}, id="other-data-dir"),
+        pytest.param({"data_dir_id": "d1", "host": "another-machine"}, id="other-host"),
+        pytest.param({}, id="no-data-dir-id"),
+    ],
+)
+async def test_another_holder_of_the_id_is_still_refused(
+    kv: KV, keys: Keys, registration: dict[str, object]
+) -> None:
+    old = await _leftover(kv, keys, {"url": "http://b1:6650", **registration})
+    session = BrokerSession(kv, keys, "b1", "http://b1:6650", ttl=30, data_dir_id="d1")
+    with pytest.raises(BrokerIdConflictError, match="already registered"):
+        await session.start()
+    stored = await kv.get(keys.broker("b1"))
+    assert stored is not None and stored.lease == old
+    assert await kv.get(keys.topic_owner("/default/t")) is not None
+    await kv.revoke_lease(old)
