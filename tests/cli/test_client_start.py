@@ -301,3 +301,56 @@ def test_produce_and_consume_help_show_defaults_and_where_a_subscription_starts(
         main(["consume", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "existing one resumes after its cursor" in text
+
+
+async def test_earliest_and_time_reach_into_objects_below_the_wal_floor(
+    tmp_path: Path, etcd_server: str
+) -> None:
+    """With the WAL pruned beneath them, ``earliest`` and ``time:T`` start in the objects."""
+    from danube_ingest.metadata import EtcdKV, Keys
+    from danube_ingest.metadata.marks import PruneMarks
+
+    t = "/default/start_cold"
+    prefix = f"/t{uuid.uuid4().hex[:12]}"
+    cold = {
+        "storage.mode": "wal_cloud",
+        "storage.wal.segment_bytes": "64KiB",
+        "storage.wal.segment_seconds": 1,
+        "storage.wal.retention.check_seconds": 0.2,
+        "storage.cache.max_bytes": "16KiB",
+        "storage.cache.topic_max_bytes": "16KiB",
+    }
+    config = broker_config(tmp_path / "b1", etcd_server, prefix=prefix, overrides=cold)
+    kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+    try:
+        async with running_broker(config) as broker, _Client(broker.url) as c:
+            assert broker.store is not None and broker.cleaner is not None
+            producer = (
+                c.client.new_producer()
+                .with_topic(t)
+                .with_name("p1")
+                .with_dispatch_strategy(DispatchStrategy.RELIABLE)
+                .build()
+            )
+            await producer.create()
+            c._closers.append(producer.close)
+            for i in range(300):
+                if i == 150:
+                    await asyncio.sleep(0.05)
+                    boundary_ms = int(time.time() * 1000)
+                    await asyncio.sleep(0.05)
+                await producer.send(f"m{i}".encode().ljust(500, b"."), {})
+            info = broker.store.info(t)
+            assert info is not None
+            await PruneMarks(kv, Keys(prefix)).set_mark("broker-1", info.region, t, 300)
+            async with asyncio.timeout(30):
+                while (floor := broker.store.info(t).first_offset) <= 160:  # type: ignore[union-attr]
+                    await asyncio.sleep(0.1)
+            await c.subscribe_raw(t, "from_start", "c1", "earliest")
+            await c.subscribe_raw(t, "from_time", "c2", f"time:{boundary_ms}")
+            from_start = await c.consume(t, "from_start", "c1")
+            from_time = await c.consume(t, "from_time", "c2")
+            assert await _offsets(from_start, 300) == list(range(300)), floor
+            assert await _offsets(from_time, 150) == list(range(150, 300)), floor
+    finally:
+        await kv.close()
