@@ -354,3 +354,15 @@ async def test_earliest_and_time_reach_into_objects_below_the_wal_floor(
             assert await _offsets(from_time, 150) == list(range(150, 300)), floor
     finally:
         await kv.close()
+
+
+@pytest.mark.slow
+async def test_consume_of_a_partitioned_topic_starts_every_partition(broker: Broker) -> None:
+    t = "/default/cli_parts"
+    url = ("--service-url", broker.url)
+    code, _, err = await _cli("produce", *url, "--topic", t, "--partitions", "3", "--count", "12")
+    assert code == 0, err
+    code, out, err = await _cli("consume", *url, "--topic", t, "--count", "12")
+    assert code == 0, err
+    topics = [line.split("@")[0] for line in out.splitlines()]
+    assert len(topics) == 12 and set(topics) == {f"{t}-part-{i}" for i in range(3)}, out
