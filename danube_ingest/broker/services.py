@@ -24,6 +24,7 @@ from danube_ingest.broker.errors import (
     UnknownClientError,
 )
 from danube_ingest.broker.names import InvalidTopicNameError
+from danube_ingest.broker.start import from_metadata
 from danube_ingest.broker.topics import TopicManager
 from danube_ingest.dispatch import SubscriptionBusyError, SubscriptionType
 from danube_ingest.errors import (
@@ -163,12 +164,15 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
     async def Subscribe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             sub_type = SubscriptionType(request.subscription_type)
+            # Our own extension: where a new subscription starts (danube-client never sends it).
+            start = from_metadata(context.invocation_metadata())
             consumer_id = await self._manager.subscribe(
                 request.topic_name,
                 request.subscription,
                 request.consumer_name,
                 sub_type,
                 list(request.key_filters),
+                start,
             )
         except Exception as exc:
             await _abort(context, exc)

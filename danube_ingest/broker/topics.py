@@ -41,6 +41,7 @@ from danube_ingest.broker.errors import (
     UnknownClientError,
 )
 from danube_ingest.broker.names import parse_topic, partition_base
+from danube_ingest.broker.start import LATEST, StartPosition
 from danube_ingest.config import LimitsConfig
 from danube_ingest.dispatch import (
     ConsumerClosedError,
@@ -392,7 +393,13 @@ class TopicManager:
         consumer_name: str,
         sub_type: SubscriptionType,
         key_filters: list[str],
+        start: StartPosition = LATEST,
     ) -> int:
+        """Attach a consumer; return its id (the same id for the same consumer name).
+
+        ``start`` applies only if this call creates the subscription (it has no cursor yet);
+        an existing subscription resumes after its cursor. See ``broker.start``.
+        """
         parse_topic(topic)
         if not subscription:
             raise InvalidRequestError("subscription name must not be empty")
@@ -431,7 +438,7 @@ class TopicManager:
                 key_filters=tuple(key_filters),
                 reliable=runtime.reliable,
             )
-        sub = await self._subscription(runtime, sub_record)
+        sub = await self._subscription(runtime, sub_record, start)
         attached = len(sub.consumers)
         if existing is None and attached >= self._limits.max_consumers_per_subscription:
             raise LimitExceededError(
@@ -490,7 +497,7 @@ class TopicManager:
                 handle.close()
 
     async def _subscription(
-        self, runtime: TopicRuntime, record: SubscriptionRecord
+        self, runtime: TopicRuntime, record: SubscriptionRecord, position: StartPosition = LATEST
     ) -> Subscription:
         sub = runtime.subscriptions.get(record.name)
         if sub is not None:
@@ -504,10 +511,17 @@ class TopicManager:
         cursor = await self._records.get_cursor(topic, record.name)
         info = await self._store.ensure_topic(topic)
         if cursor is None:
-            # A new subscription starts at the latest offset; persist that right away so a
-            # restart resumes from here rather than from a later "latest".
-            cursor = info.high_watermark
+            # A new subscription starts where asked (Danube's default: the latest offset);
+            # persist that right away so a restart resumes from here, not a later "latest".
+            cursor = await self._start_offset(topic, info.high_watermark, position)
             await self._records.set_cursor(topic, record.name, cursor)
+            log.info(
+                "subscription created topic=%s sub=%s start=%s cursor=%d",
+                topic,
+                record.name,
+                position,
+                cursor,
+            )
         # Below the WAL floor a reader goes on from objects when the store has them (what an
         # earlier owner uploaded, or what was pruned here); otherwise that data is gone.
         start = cursor if self._store.cloud is not None else max(cursor, info.first_offset)
@@ -534,6 +548,18 @@ class TopicManager:
         )
         runtime.subscriptions[name] = sub
         return sub
+
+    async def _start_offset(self, topic: str, end: int, start: StartPosition) -> int:
+        """The first offset a new subscription reads for ``start`` (``end``: the high
+        watermark); always within [earliest retained, end]."""
+        if start.kind == "latest":
+            return end
+        if start.kind == "time":
+            return min(await self._store.offset_at_time(topic, start.value), end)
+        earliest = await self._store.earliest_offset(topic)
+        if start.kind == "earliest":
+            return min(earliest, end)
+        return min(max(start.value, earliest), end)
 
     def _cursor_advanced(self, topic: str, key: str, cursor: int) -> None:
         """Called on every ack that advances a cursor (``key``: computed once)."""

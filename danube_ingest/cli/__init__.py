@@ -16,6 +16,8 @@ from danube_ingest.cli import admin, broker, client, objects, wal
 from danube_ingest.errors import DanubeIngestError
 
 _GROUPS = (broker, client, admin, wal, objects)
+#: Long-running commands: their log lines are their output, so they log INFO by default.
+_SERVERS = frozenset({"broker", "dev", "etcd"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,7 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Danube-compatible streaming ingest: WAL first, object storage behind it.",
     )
     parser.add_argument(
-        "--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING, ERROR)"
+        "--log-level",
+        help="logging level (DEBUG, INFO, WARNING, ERROR); default: INFO for the long-running "
+        "commands (broker, dev, etcd), WARNING for the others",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log more: -v logs INFO lines, -vv DEBUG (overridden by --log-level)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in _GROUPS:
@@ -32,11 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def log_level(command: str, requested: str | None, verbose: int) -> int:
+    """The logging level for ``command``: ``--log-level`` if given, else INFO (``-v``) or DEBUG
+    (``-vv``), else INFO for the servers, whose log is their output, and WARNING for the
+    one-shot commands, whose output is what they print."""
+    if requested is not None:
+        return int(getattr(logging, requested.upper(), logging.INFO))
+    if verbose:
+        return logging.DEBUG if verbose > 1 else logging.INFO
+    return logging.INFO if command in _SERVERS else logging.WARNING
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        level=log_level(args.command, args.log_level, args.verbose),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     try:

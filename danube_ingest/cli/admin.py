@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest
@@ -17,18 +18,28 @@ from danube_ingest.metadata.records import Records
 
 def register(commands: Any) -> None:
     topics = commands.add_parser(
-        "topics", help="list topics with owner, dispatch strategy and what is in objects"
+        "topics",
+        help="list topics with owner, dispatch strategy and what is in objects",
+        formatter_class=DefaultsHelpFormatter,
     )
     _etcd_options(topics)
     topics.add_argument("--namespace", help="only this namespace")
     topics.set_defaults(handler=_sync(_topics))
 
-    subs = commands.add_parser("subscriptions", help="list a topic's subscriptions and cursors")
+    subs = commands.add_parser(
+        "subscriptions",
+        help="list a topic's subscriptions and cursors",
+        formatter_class=DefaultsHelpFormatter,
+    )
     _etcd_options(subs)
     subs.add_argument("--topic", required=True, help="topic name, /namespace/topic")
     subs.set_defaults(handler=_sync(_subscriptions))
 
-    status = commands.add_parser("status", help="brokers, topics and clients in the cluster")
+    status = commands.add_parser(
+        "status",
+        help="brokers, topics and clients in the cluster",
+        formatter_class=DefaultsHelpFormatter,
+    )
     _etcd_options(status)
     status.set_defaults(handler=_sync(_status))
 

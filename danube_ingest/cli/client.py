@@ -18,6 +18,16 @@ from danube import (
     ProducerOptions,
     SubType,
 )
+from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import DanubeApi_pb2_grpc as pb_grpc
+
+from danube_ingest.broker.start import (
+    LATEST,
+    METADATA_KEY,
+    InvalidStartPositionError,
+    StartPosition,
+)
+from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 
 _SUB_TYPES = {
     "exclusive": SubType.EXCLUSIVE,
@@ -27,26 +37,75 @@ _SUB_TYPES = {
 }
 
 
+#: Where ``consume`` starts a subscription it creates. Danube (and danube-client) start a new
+#: subscription at the newest offset; the CLI starts at the oldest retained one, so that
+#: ``produce --count N`` then ``consume --count N`` gets the N messages just sent.
+DEFAULT_START = "earliest"
+
+_FROM_HELP = (
+    "where a NEW subscription starts: 'earliest' (the oldest retained message), 'latest' "
+    "(only messages published from now on; danube-client's own default), OFFSET (a number; "
+    "past the end means from the end), or TIME (ISO 8601 such as 2026-11-24T10:00:00Z, naive "
+    "means UTC: the first message ingested at or after it). An existing subscription resumes "
+    "after its cursor and ignores this."
+)
+
+
+def _start_position(text: str) -> StartPosition:
+    try:
+        return StartPosition.parse(text)
+    except InvalidStartPositionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(commands: Any) -> None:
-    produce = commands.add_parser("produce", help="publish messages to a topic")
+    produce = commands.add_parser(
+        "produce",
+        help="publish messages to a topic",
+        formatter_class=DefaultsHelpFormatter,
+    )
     _common(produce)
     produce.add_argument("--count", type=int, default=10, help="messages to send")
     produce.add_argument("--message", default="hello from danube-ingest", help="payload text")
     produce.add_argument("--size", type=int, help="send payloads of this many bytes instead")
     produce.add_argument("--producer-name", default="cli-producer", help="producer name")
-    produce.add_argument("--partitions", type=int, default=0, help="partitioned topic (N)")
+    produce.add_argument(
+        "--partitions",
+        type=int,
+        default=0,
+        help="create a topic of N partitions (0: not partitioned)",
+    )
     produce.add_argument("--key", help="routing key (for key-shared subscriptions)")
     produce.add_argument(
         "--non-reliable", action="store_true", help="non-reliable topic (no WAL, live only)"
     )
-    produce.add_argument("--rate", type=float, default=0.0, help="messages/s (0: as fast)")
+    produce.add_argument(
+        "--rate", type=float, default=0.0, help="messages per second (0: as fast as possible)"
+    )
     produce.set_defaults(handler=_produce)
 
-    consume = commands.add_parser("consume", help="receive (and acknowledge) messages")
+    consume = commands.add_parser(
+        "consume",
+        help="receive (and acknowledge) messages",
+        description="Receive and acknowledge messages through danube-client. A subscription "
+        "this command creates starts at --from (default: earliest); an existing one resumes "
+        "after its cursor.",
+        formatter_class=DefaultsHelpFormatter,
+    )
     _common(consume)
     consume.add_argument("--subscription", default="cli-subscription", help="subscription")
     consume.add_argument("--consumer-name", default="cli-consumer", help="consumer name")
-    consume.add_argument("--type", choices=sorted(_SUB_TYPES), default="exclusive")
+    consume.add_argument(
+        "--type", choices=sorted(_SUB_TYPES), default="exclusive", help="subscription type"
+    )
+    consume.add_argument(
+        "--from",
+        dest="start",
+        metavar="earliest|latest|OFFSET|TIME",
+        type=_start_position,
+        default=DEFAULT_START,
+        help=_FROM_HELP,
+    )
     consume.add_argument("--count", type=int, default=0, help="stop after N (0: forever)")
     consume.add_argument("--quiet", action="store_true", help="show progress, not messages")
     consume.set_defaults(handler=_consume)
@@ -138,6 +197,9 @@ async def _run_consume(args: argparse.Namespace) -> None:
         .with_options(ConsumerOptions())
         .build()
     )
+    start: StartPosition = args.start
+    if start != LATEST:
+        await _create_subscription(args, start)
     await consumer.subscribe()
     queue = await consumer.receive()
     progress = _Progress("received", args.count)
@@ -156,6 +218,45 @@ async def _run_consume(args: argparse.Namespace) -> None:
     finally:
         progress.finish()
         await consumer.close()
+
+
+def _target(url: str) -> str:
+    """``host:port`` of a broker URL such as ``http://127.0.0.1:6650``."""
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+async def _create_subscription(args: argparse.Namespace, start: StartPosition) -> None:
+    """Subscribe once per partition with our start-position metadata, under the consumer name
+    danube-client then subscribes with (so it gets the same consumer id and takes over).
+
+    danube-client cannot send the position itself; this call creates the subscription at
+    ``start`` if it does not exist yet, and changes nothing for one that does.
+    """
+    metadata = ((METADATA_KEY, start.to_metadata()),)
+    async with grpc.aio.insecure_channel(_target(args.service_url)) as channel:
+        discovery = pb_grpc.DiscoveryStub(channel)
+        request = pb.TopicLookupRequest(request_id=1, topic=args.topic)
+        partitions = list((await discovery.TopicPartitions(request)).partitions) or [args.topic]
+        for partition in partitions:
+            url = args.service_url
+            try:
+                lookup = await discovery.TopicLookup(
+                    pb.TopicLookupRequest(request_id=2, topic=partition)
+                )
+                url = lookup.connect_url or url
+            except grpc.aio.AioRpcError:
+                pass  # as danube-client does: fall back to the service URL
+            async with grpc.aio.insecure_channel(_target(url)) as owner:
+                await pb_grpc.ConsumerServiceStub(owner).Subscribe(
+                    pb.ConsumerRequest(
+                        request_id=3,
+                        topic_name=partition,
+                        consumer_name=args.consumer_name,
+                        subscription=args.subscription,
+                        subscription_type=int(_SUB_TYPES[args.type]),
+                    ),
+                    metadata=metadata,
+                )
 
 
 def _run(coro: Any) -> int:

@@ -441,6 +441,65 @@ class TopicStore:
         region = self._region(topic)
         return TopicReader(self, region, region.ensure_topic(topic), from_offset, max_batch)
 
+    async def earliest_offset(self, topic: str) -> int:
+        """The oldest offset of ``topic`` a reader can still get: the first one in objects
+        when a cloud reader is attached and the manifest holds older ranges than the WAL,
+        else the WAL's first retained offset (0 for an unknown topic)."""
+        info = self.info(topic)
+        first = 0 if info is None else info.first_offset
+        if self._cloud is not None and first > 0:
+            ranges = await self._cloud.manifest.ranges(topic)
+            if ranges:
+                first = min(first, ranges[0].start_offset)
+        return first
+
+    async def offset_at_time(self, topic: str, ms: int) -> int:
+        """The first offset of ``topic`` whose ingest time is >= ``ms`` (ms since the epoch),
+        looking in objects (when attached) and the WAL; the high watermark when no durable
+        entry is that recent. Relies on ingest times never decreasing within a topic."""
+        info = self.info(topic)
+        if info is None:
+            return 0
+        floor = info.first_offset
+        # (first offset, first ingest ms, last ingest ms) of every stretch still readable, in
+        # offset order: object ranges below the WAL floor, then the WAL's segment spans.
+        stretches: list[tuple[int, int, int]] = []
+        if self._cloud is not None and floor > 0:
+            for rng in await self._cloud.manifest.ranges(topic):
+                if rng.start_offset < floor:
+                    stretches.append((rng.start_offset, rng.first_ingest_ms, rng.last_ingest_ms))
+        meta = self._region(topic).topic(topic)
+        if meta is not None:
+            stretches.extend(
+                (max(span.first_offset, floor), span.first_ingest_ms, span.last_ingest_ms)
+                for span in meta.spans
+                if span.last_offset >= floor
+            )
+        for first, first_ms, last_ms in stretches:
+            if last_ms < ms:
+                continue
+            if first_ms >= ms:
+                return first
+            return await self._scan_for_time(topic, first, ms, info.high_watermark)
+        return info.high_watermark
+
+    async def _scan_for_time(self, topic: str, start: int, ms: int, end: int) -> int:
+        """The first offset in [start, end) with ingest time >= ``ms``, else ``end``."""
+        reader = self.create_reader(topic, start)
+        try:
+            while reader.position < end:
+                batch = await reader.next_batch()
+                if not batch:
+                    break
+                for entry in batch:
+                    if entry.offset >= end:
+                        return end
+                    if entry.ingest_ms >= ms:
+                        return entry.offset
+        finally:
+            reader.close()
+        return end
+
     async def close(self) -> None:
         """Flush and close every region; readers end. Idempotent."""
         if self._closed:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from dagster import DagsterInstance, materialize
 
 from assets.wal_marks import wal_prune_marks
@@ -20,6 +21,8 @@ from pipelines.resources import EtcdResource
 from .conftest import BrokerFactory
 from .support import Clients, eventually
 from .test_cold_path import COLD, take_acking
+
+pytestmark = pytest.mark.dagster
 
 CONSUMED = "/default/consumed"
 UNSUBSCRIBED = "/default/unsubscribed"

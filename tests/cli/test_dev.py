@@ -19,7 +19,7 @@ import pytest
 
 from danube_ingest.testing import free_port
 
-pytestmark = pytest.mark.etcd
+pytestmark = [pytest.mark.etcd, pytest.mark.dagster]
 
 
 _LOCATIONS = """{ workspaceOrError { ... on Workspace { locationEntries {

@@ -24,7 +24,7 @@ from danube_ingest.testing import free_port
 from pipelines.definitions import defs, prune_marks_schedule
 from pipelines.resources import EtcdResource
 
-pytestmark = pytest.mark.etcd
+pytestmark = [pytest.mark.etcd, pytest.mark.dagster]
 
 ROOT = Path(__file__).resolve().parents[2]
 
