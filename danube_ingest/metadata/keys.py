@@ -14,6 +14,7 @@ Below the prefix (default ``/danube``); ``{ns}/{topic}`` comes from a topic name
     schemas/...                                    schema registry
     wal/{broker}/{region}/floor/{ns}/{topic}       prune mark
     storage/topics/{ns}/{topic}/objects/{start:020}  manifest entry
+    storage/topics/{ns}/{topic}/clock              ingest clock (offset, ingest_ms)
     tables/{ns}/{topic}/...                        Parquet frontiers and renditions
 
 A name segment (namespace, topic, subscription, broker id, region) is 1 to 255 characters
@@ -162,6 +163,10 @@ class Keys:
         if start_offset < 0:
             raise InvalidNameError(f"invalid start offset {start_offset} for {topic}")
         return f"{self.storage_objects_prefix(topic)}{start_offset:020d}"
+
+    def topic_clock(self, topic: str) -> str:
+        """The topic's ingest clock: offsets committed to the manifest and the time after them."""
+        return f"{self.prefix}/storage/topics/{self._topic_path(topic)}/clock"
 
     def tables_prefix(self, topic: str) -> str:
         """Prefix of the topic's Parquet frontiers and renditions."""
