@@ -8,7 +8,8 @@ Guarantees:
   danube-client recovers by itself. The same producer name on a topic gets the same id; the
   same (topic, subscription, consumer name) gets the same consumer id.
 * A topic is served only while this broker owns it (lease + epoch in etcd). A new owner
-  continues the topic's offsets after every offset the previous owner may have assigned.
+  continues the topic's offsets after every offset the previous owner may have assigned, and
+  stamps no ingest time below the topic's stored clock (``metadata.clock``).
 * Consumer streams outlive a lost ownership (an etcd outage longer than the lease): a
   ``ReceiveMessages`` stream stays open, sending nothing, while the topic is not served here,
   and health checks answer OK meanwhile (a CLOSE would make danube-client re-subscribe, which
