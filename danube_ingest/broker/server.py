@@ -41,6 +41,7 @@ from danube_ingest.metadata.records import Records
 from danube_ingest.metadata.session import BrokerSession
 from danube_ingest.objects.cleaner import WalCleaner
 from danube_ingest.objects.reader import CloudReader
+from danube_ingest.objects.reclock import ClockKeeper
 from danube_ingest.objects.store import ObjectStore, RetryPolicy
 from danube_ingest.objects.uploader import SegmentUploader
 from danube_ingest.schema.kvstore import KVSchemaStore
@@ -187,6 +188,7 @@ class Broker:
         self.objects: ObjectStore | None = None
         self.uploader: SegmentUploader | None = None
         self.cleaner: WalCleaner | None = None
+        self.clock_keeper: ClockKeeper | None = None
         self.port = 0
         self.url = ""
         self._stopped = asyncio.Event()
@@ -255,6 +257,8 @@ class Broker:
             consumer_idle_seconds=float(config.dispatch.consumer_idle_seconds),
             manifest=manifest,
         )
+        if self.clock_keeper is not None:
+            self.clock_keeper.start()
         add_services(gate, self.manager)
         schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), gate)
         gate.open()
@@ -297,7 +301,8 @@ class Broker:
         return server
 
     def _start_cold_path(self, kv: KV, keys: Keys, ownership: Ownership) -> Manifest | None:
-        """Object store, cloud reader, uploader (mode wal_cloud) and the WAL cleaner."""
+        """Object store, cloud reader, uploader and clock keeper (mode wal_cloud) and the WAL
+        cleaner."""
         config = self.config
         storage = config.storage
         store = self.store
@@ -332,6 +337,14 @@ class Broker:
         if self.uploader is not None:
             self.uploader.on_uploaded(self.cleaner.wake)
             self.uploader.start()
+            if storage.clock_interval_seconds > 0:
+                # Started once the topic manager exists: it names the topics served here.
+                self.clock_keeper = ClockKeeper(
+                    store,
+                    ownership,
+                    lambda: [] if self.manager is None else self.manager.reliable_topics(),
+                    interval=float(storage.clock_interval_seconds),
+                )
         self.cleaner.start()
         if self.objects is not None:
             log.info("object store %s", self.objects.description)
@@ -344,6 +357,8 @@ class Broker:
         self._stopped.set()
         if self.manager is not None:
             self.manager.end_streams()
+        if self.clock_keeper is not None:
+            await self.clock_keeper.stop()
         if self._server is not None:
             await self._server.stop(grace)
         if self.manager is not None:

@@ -8,7 +8,8 @@ Guarantees:
   danube-client recovers by itself. The same producer name on a topic gets the same id; the
   same (topic, subscription, consumer name) gets the same consumer id.
 * A topic is served only while this broker owns it (lease + epoch in etcd). A new owner
-  continues the topic's offsets after every offset the previous owner may have assigned.
+  continues the topic's offsets after every offset the previous owner may have assigned, and
+  stamps no ingest time below the topic's stored clock (``metadata.clock``).
 * Consumer streams outlive a lost ownership (an etcd outage longer than the lease): a
   ``ReceiveMessages`` stream stays open, sending nothing, while the topic is not served here,
   and health checks answer OK meanwhile (a CLOSE would make danube-client re-subscribe, which
@@ -53,6 +54,7 @@ from danube_ingest.dispatch import (
     SubscriptionType,
 )
 from danube_ingest.errors import DanubeIngestError, OffsetOutOfRangeError
+from danube_ingest.metadata.clock import read_clock
 from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest
@@ -236,11 +238,16 @@ class TopicManager:
                 start = await self._reservations.start_offset(
                     topic, local.next_offset if local is not None else None
                 )
+                floor = 0
                 if self._manifest is not None:
                     # What earlier owners uploaded: never reassign those offsets (defence in
                     # depth; the reservation already lies beyond them).
                     start = max(start, await self._manifest.end_offset(topic))
-                await self._store.ensure_topic(topic, min_next_offset=start)
+                    # Never stamp a time below what the topic's clock (maybe an earlier
+                    # owner's, with a clock ahead of ours) says of every later entry.
+                    clock = await read_clock(self._ownership.kv, self._keys, topic)
+                    floor = 0 if clock is None else clock.ingest_ms
+                await self._store.ensure_topic(topic, min_next_offset=start, min_ingest_ms=floor)
             else:
                 runtime.fanout = NonReliableTopic(topic)
             self._topics[topic] = runtime
@@ -269,6 +276,10 @@ class TopicManager:
 
     def owns(self, topic: str) -> bool:
         return topic in self._topics
+
+    def reliable_topics(self) -> list[str]:
+        """The reliable topics served here (loaded: their time floor is set)."""
+        return [name for name, runtime in self._topics.items() if runtime.reliable]
 
     # -- producers -------------------------------------------------------------------------
 

@@ -425,6 +425,18 @@ class StorageConfig(_Section):
         default_factory=UploaderConfig, description="Segment uploader."
     )
     cloud: CloudConfig = Field(default_factory=CloudConfig, description="Object store.")
+    clock_interval_seconds: _Seconds = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "Seconds between two advances of each owned reliable topic's ingest clock "
+            "(etcd storage/topics/{ns}/{topic}/clock, read by the Parquet converter): a "
+            "durable time marker per topic, then one clock write per topic whose offsets "
+            "below it are uploaded. An idle topic's clock passes an instant within about this "
+            "long; a busy topic's also waits for wal.segment_seconds and the upload. "
+            "0: no clock (mode wal_cloud with the uploader only)."
+        ),
+    )
 
 
 class LimitsConfig(_Section):

@@ -11,16 +11,34 @@ below ``N`` and can be read from objects; nothing will ever be added to it. The 
 the topic moves the clock forward (both numbers never decrease) after its uploads commit, and
 writes durable time markers for idle topics so that a quiet topic's clock advances too. Readers
 (the Parquet converter) only read it.
+
+Writing (:class:`ClockWriter`): only the topic's owner writes, in a transaction that compares its
+owner key (epoch included, ``Ownership.fenced_many``) and the clock key's revision as it read it
+(compare-and-swap). The stored value becomes the field-wise maximum of the stored and the new
+clock, which is as true as both (an entry at or above both offsets is past both times), so
+neither field ever decreases, whoever wrote last.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from danube_ingest.metadata.errors import MetadataError
 from danube_ingest.metadata.keys import Keys
-from danube_ingest.metadata.kv import KV
+from danube_ingest.metadata.kv import KV, Compare, Get, KeyValue, Put
+from danube_ingest.metadata.ownership import Ownership
+
+log = logging.getLogger(__name__)
+
+#: Topics per clock transaction: each costs one owner compare and one clock compare, one put,
+#: and two failure gets; etcd's default ``--max-txn-ops`` of 128 caps compares and each branch.
+_TXN_TOPICS = 60
+#: Compare failures in a row (another writer changed a clock between read and write) before a
+#: batch gives up until the next call; each failure re-reads the clocks in the same round trip.
+_CAS_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +101,138 @@ async def read_clock(kv: KV, keys: Keys, topic: str) -> TopicClock | None:
     if stored is None:
         return None
     return TopicClock.decode(stored.value, key)
+
+
+@dataclass(frozen=True, slots=True)
+class ClockMark:
+    """A candidate clock: a true statement about a topic's WAL that may be written."""
+
+    offset: int
+    """Every existing offset below it is committed to the manifest."""
+    ingest_ms: int
+    """Every entry at ``offset`` or above has an ingest time of at least this."""
+    epoch: int
+    """The ownership epoch it was made under: it is written only while this broker owns the
+    topic at that epoch (another owner in between may have stamped entries it does not
+    bound)."""
+
+
+@dataclass
+class ClockAdvance:
+    """The outcome of ``ClockWriter.advance``."""
+
+    stored: dict[str, TopicClock] = field(default_factory=dict)
+    """The clock now stored for each topic written or found already as far (at least the
+    mark, field-wise)."""
+    fenced: list[str] = field(default_factory=list)
+    """Topics this broker does not own (at the mark's epoch): nothing was written for them."""
+    contended: list[str] = field(default_factory=list)
+    """Topics whose clock kept changing under the compare-and-swap (retry later)."""
+    writes: int = 0
+    """Clock keys written."""
+
+
+class ClockWriter:
+    """Moves the clocks of the topics an ``Ownership`` holds forward. Use from one event loop.
+
+    Guarantees: a stored clock never moves back (compare-and-swap on its revision, field-wise
+    maximum); nothing is written for a topic this broker does not own at its current epoch (the
+    owner key is compared in the same transaction); at most one transaction per
+    ``_TXN_TOPICS`` topics per call when nobody else writes the clocks.
+    """
+
+    def __init__(self, ownership: Ownership) -> None:
+        self._ownership = ownership
+        self._keys = ownership.keys
+        #: topic -> the clock key as last read or written (a compare-and-swap's expectation).
+        self._seen: dict[str, KeyValue | None] = {}
+
+    async def advance(self, marks: Mapping[str, ClockMark]) -> ClockAdvance:
+        """Make each topic's stored clock at least its mark, field-wise.
+
+        Raises ``MetadataError`` (etcd unreachable, a malformed stored clock): what was
+        written before stays written, nothing is half-written (one transaction per batch).
+        """
+        result = ClockAdvance()
+        topics = list(marks)
+        for start in range(0, len(topics), _TXN_TOPICS):
+            batch = {t: marks[t] for t in topics[start : start + _TXN_TOPICS]}
+            await self._advance_batch(batch, result)
+        return result
+
+    def forget(self, topic: str) -> None:
+        """Drop what is cached about ``topic`` (it is no longer owned here)."""
+        self._seen.pop(topic, None)
+
+    async def _advance_batch(self, marks: dict[str, ClockMark], result: ClockAdvance) -> None:
+        keys = self._keys
+        unknown = [t for t in marks if t not in self._seen]
+        if unknown:
+            read = await self._ownership.kv.txn([], [Get(keys.topic_clock(t)) for t in unknown])
+            for i, topic in enumerate(unknown):
+                self._seen[topic] = read.kv(i)
+        pending = dict(marks)
+        for _ in range(_CAS_ATTEMPTS):
+            puts: dict[str, TopicClock] = {}
+            for topic, mark in list(pending.items()):
+                seen = self._seen[topic]
+                stored = None if seen is None else TopicClock.decode(seen.value, seen.key)
+                owner = self._ownership.owned(topic)
+                if owner is None or owner.epoch != mark.epoch:
+                    result.fenced.append(topic)
+                    del pending[topic]
+                    continue
+                merged = _merge(stored, mark, owner.broker_id)
+                if merged is None:
+                    assert stored is not None
+                    result.stored[topic] = stored
+                    del pending[topic]
+                else:
+                    puts[topic] = merged
+            if not puts:
+                return
+            names = list(puts)
+            clock_keys = [keys.topic_clock(t) for t in names]
+            outcome = await self._ownership.fenced_many(
+                names,
+                [
+                    *(Put(k, puts[t].encode()) for t, k in zip(names, clock_keys, strict=True)),
+                    *(Get(k) for k in clock_keys),
+                ],
+                [
+                    Compare.unchanged(k, self._seen[t])
+                    for t, k in zip(names, clock_keys, strict=True)
+                ],
+                [Get(k) for k in clock_keys],
+            )
+            if outcome.fenced:
+                for topic in outcome.fenced:
+                    result.fenced.append(topic)
+                    pending.pop(topic, None)
+                    self.forget(topic)
+                log.warning(
+                    "clock not advanced: topics not owned topics=%s", ",".join(outcome.fenced)
+                )
+                continue
+            offset = len(names) if outcome.succeeded else 0
+            for i, topic in enumerate(names):
+                self._seen[topic] = outcome.kv(offset + i)
+            if outcome.succeeded:
+                result.writes += len(names)
+                for topic in names:
+                    result.stored[topic] = puts[topic]
+                    del pending[topic]
+                return
+        result.contended.extend(pending)
+
+
+def _merge(stored: TopicClock | None, mark: ClockMark, broker: str) -> TopicClock | None:
+    """The clock to write (field-wise maximum), or None when ``stored`` is already as far."""
+    if stored is not None and stored.offset >= mark.offset and stored.ingest_ms >= mark.ingest_ms:
+        return None
+    return TopicClock(
+        offset=max(mark.offset, 0 if stored is None else stored.offset),
+        ingest_ms=max(mark.ingest_ms, 0 if stored is None else stored.ingest_ms),
+        broker=broker,
+        epoch=mark.epoch,
+    )

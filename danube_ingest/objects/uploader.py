@@ -27,8 +27,9 @@ A topic range that cannot be committed because another broker owns the topic now
 was partitioned or paused past its lease) is *orphaned*: it stays in the local WAL (the segment
 is never marked uploaded, so never deleted), is logged as an error and listed in
 :attr:`UploaderStats.orphans`. It is committed if this broker owns the topic again later and
-nobody wrote later offsets of the topic meanwhile; otherwise committing it would put an older
-epoch after a newer one (readers past that point would never see it), so it stays orphaned
+nobody wrote later offsets of the topic, nor moved its ingest clock past the range, meanwhile;
+otherwise committing it would put an older epoch after a newer one (readers past that point
+would never see it) or add offsets to hours already declared complete, so it stays orphaned
 for an operator. The offsets are never reused either way (the new owner continued from its
 reservation).
 
@@ -52,6 +53,7 @@ from typing import TypeVar
 from crc32c import crc32c
 
 from danube_ingest.errors import DanubeIngestError, FrameError, ObjectFormatError
+from danube_ingest.metadata.clock import read_clock
 from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError
 from danube_ingest.metadata.manifest import (
     CommitResult,
@@ -456,15 +458,21 @@ class SegmentUploader:
         starting elsewhere, which the commit's per-key check cannot see). Behind: the manifest
         already holds later offsets of the topic (another owner went on meanwhile); committing
         would put older epochs after newer ones and readers past that point would never see
-        the range, so it stays orphaned in the local WAL instead.
+        the range, so it stays orphaned in the local WAL instead. Also behind: a range starting
+        below the topic's clock offset, which promises readers that nothing more is ever added
+        below it (another owner declared those offsets complete meanwhile).
         """
         todo: list[ObjectRange] = []
         done: list[ObjectRange] = []
         behind: list[ObjectRange] = []
+        clocks: dict[str, int] = {}
         for rng in ranges:
             existing = await self._manifest.ranges(rng.topic, rng.start_offset)
             if not existing:
-                todo.append(rng)
+                if rng.topic not in clocks:
+                    clock = await read_clock(self._manifest.kv, self._manifest.keys, rng.topic)
+                    clocks[rng.topic] = 0 if clock is None else clock.offset
+                (behind if rng.start_offset < clocks[rng.topic] else todo).append(rng)
                 continue
             try:
                 whole = covered(rng, existing)

@@ -89,6 +89,16 @@ class TopicInfo:
     """The offset the next append gets (above the high watermark while appends are in flight)."""
 
 
+@dataclass(frozen=True, slots=True)
+class TimeMark:
+    """What a durable time marker states about its topic (``TopicStore.advance_time``)."""
+
+    offset: int
+    """The topic's next offset when the marker was staged: every entry below it is durable."""
+    ingest_ms: int
+    """Every entry at ``offset`` or above has an ingest time of at least this."""
+
+
 class TopicStore:
     """Topics over one or more region logs, with a WALCache in front of them."""
 
@@ -402,20 +412,57 @@ class TopicStore:
         await self._region(topic).stage_batch(topic, entries)
         return range(entries[0].offset, entries[-1].offset + 1)
 
-    async def advance_time(self, topic: str) -> None:
-        """Durably mark that ``topic`` will get no entry with an ingest time before now."""
-        await self._region(topic).stage_time_marker(topic)
+    async def advance_time(self, topic: str) -> TimeMark:
+        """Durably mark that ``topic`` will get no entry with an ingest time before now.
 
-    async def ensure_topic(self, topic: str, *, min_next_offset: int = 0) -> TopicInfo:
-        """Create ``topic`` if needed; make its next offset at least ``min_next_offset``.
+        Returns what the marker states, true once this returns: every entry of the topic at
+        ``offset`` or above has an ingest time of at least ``ingest_ms``, and every entry below
+        ``offset`` is durable.
+        """
+        region = self._region(topic)
+        batch = region.stage_time_marker(topic)
+        meta = region.topic(topic)
+        assert meta is not None
+        # Entries staged after the marker get offsets from here on and times from here on.
+        mark = TimeMark(meta.next_offset, meta.last_ingest_ms)
+        await batch
+        return mark
 
-        A jump is durable before this returns; the offsets jumped over never exist and readers
-        pass over them.
+    def uploaded_below(self, topic: str, offset: int) -> bool:
+        """Whether every entry of ``topic`` below ``offset`` this WAL holds or held is in a
+        segment marked uploaded (committed to the manifest; pruned segments were uploaded
+        first where an uploader runs). True for a topic this store never had."""
+        region = self._topic_region.get(topic)
+        meta = region.topic(topic) if region is not None else None
+        if region is None or meta is None:
+            return True
+        uploaded = region.uploaded
+        for span in meta.spans:
+            if span.first_offset >= offset:
+                break
+            if span.seq not in uploaded:
+                return False
+        return True
+
+    async def ensure_topic(
+        self, topic: str, *, min_next_offset: int = 0, min_ingest_ms: int = 0
+    ) -> TopicInfo:
+        """Create ``topic`` if needed; make its next offset at least ``min_next_offset`` and
+        every later entry's ingest time at least ``min_ingest_ms``.
+
+        A jump (of offsets or of the time floor) is durable before this returns; the offsets
+        jumped over never exist and readers pass over them.
         """
         region = self._region(topic)
         meta = region.topic(topic)
-        if meta is None or meta.next_offset < min_next_offset:
-            await region.stage_time_marker(topic, min_next_offset=min_next_offset)
+        if (
+            meta is None
+            or meta.next_offset < min_next_offset
+            or meta.last_ingest_ms < min_ingest_ms
+        ):
+            await region.stage_time_marker(
+                topic, min_next_offset=min_next_offset, min_ingest_ms=min_ingest_ms
+            )
         info = self.info(topic)
         assert info is not None
         return info
@@ -771,4 +818,4 @@ class TopicReader:
         return nxt
 
 
-__all__ = ["Sealed", "TopicInfo", "TopicReader", "TopicStore", "region_index"]
+__all__ = ["Sealed", "TimeMark", "TopicInfo", "TopicReader", "TopicStore", "region_index"]

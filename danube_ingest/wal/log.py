@@ -450,8 +450,11 @@ class RegionLog:
         self._pending_bytes += total
         return batch
 
-    def stage_time_marker(self, name: str, *, min_next_offset: int = 0) -> _Batch:
-        """Durably record that ``name`` will get no entry with an ingest time below now.
+    def stage_time_marker(
+        self, name: str, *, min_next_offset: int = 0, min_ingest_ms: int = 0
+    ) -> _Batch:
+        """Durably record that ``name`` will get no entry with an ingest time below now (nor
+        below ``min_ingest_ms``: a floor a previous owner's clock set).
 
         With ``min_next_offset`` above the topic's next offset, the topic's offsets also jump
         there (a new owner continuing a topic whose earlier offsets live elsewhere): the skipped
@@ -459,7 +462,7 @@ class RegionLog:
         """
         batch = self._future()
         topic = self.ensure_topic(name)
-        topic.last_ingest_ms = max(topic.last_ingest_ms, self._batch_ms)
+        topic.last_ingest_ms = max(topic.last_ingest_ms, self._batch_ms, min_ingest_ms)
         if min_next_offset > topic.next_offset:
             topic.next_offset = min_next_offset
             if not topic.spans and topic.hwm == topic.first_offset:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from danube_ingest.metadata import EtcdKV, Keys
+from danube_ingest.metadata.clock import ClockMark, ClockWriter
 from danube_ingest.objects.binfmt import decode_frame_bytes, parse_object
 from danube_ingest.objects.store import ObjectStore
 from danube_ingest.objects.uploader import build_segment_object, segment_key
@@ -216,3 +217,45 @@ async def test_a_torn_object_under_the_brokers_own_key_is_replaced(stack: ColdSt
     await stack.seal_and_upload()
     assert parse_object(await stack.objects.get(key), key).topics[T].entries == 50
     assert_one_line(await stack.manifest.ranges(T), 50)
+
+
+async def test_a_range_below_another_owners_clock_is_never_committed(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
+) -> None:
+    objects = ObjectStore.memory()
+    a = await ColdStack(etcd_kv, keys, objects, tmp_path / "a", broker_id="a").open()
+    b = await ColdStack(etcd_kv, keys, objects, tmp_path / "b", broker_id="b").open()
+    try:
+        await a.acquire(T)
+        await a.append(T, payloads(T, 200))
+        await a.seal()
+        # a is cut off before uploading; b takes the topic over and, idle, declares every
+        # offset below its start complete (its clock), without writing any range.
+        assert a.session.lease_id is not None
+        await etcd_kv.revoke_lease(a.session.lease_id)
+        deadline = time.monotonic() + 10
+        while (owner := await b.ownership.acquire(T)).broker_id != "b":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        await b.store.ensure_topic(T, min_next_offset=1000)
+        mark = await b.store.advance_time(T)
+        assert mark.offset == 1000 and b.store.uploaded_below(T, mark.offset)
+        written = await ClockWriter(b.ownership).advance(
+            {T: ClockMark(mark.offset, mark.ingest_ms, owner.epoch)}
+        )
+        assert written.writes == 1
+        await b.ownership.release(T)
+
+        # a restarts and gets the topic back: nothing later is in the manifest, but its old
+        # range lies below the clock, so committing it would add to completed hours.
+        await a.close()
+        a = await ColdStack(etcd_kv, keys, objects, tmp_path / "a", broker_id="a").open()
+        a.uploader.start()
+        await eventually(lambda: bool(a.uploader.stats.orphans), lambda: a.uploader.stats, 10)
+        assert a.ownership.is_owner(T)
+        assert await a.manifest.ranges(T) == []
+        assert list(a.uploader.stats.orphans) == [("r0", 0)]
+        assert 0 not in a.store.regions[0].uploaded  # its data stays on a's disk
+    finally:
+        await a.close()
+        await b.close()
