@@ -22,13 +22,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from danube_ingest.analytics.errors import CommitFailedError
 from danube_ingest.analytics.layout import partition_end, partition_start
+from danube_ingest.analytics.records import RenditionRecord, TableKeys, TableRecord
 from danube_ingest.metadata.clock import TopicClock
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV, Get
 from danube_ingest.metadata.manifest import ObjectRange
 
-__all__ = ["Partition", "PlanInput", "complete_partitions", "read_plan_input"]
+__all__ = [
+    "Partition",
+    "PlanInput",
+    "RunPlan",
+    "complete_partitions",
+    "plan_run",
+    "read_plan_input",
+]
 
 #: Partitions planned per call unless said otherwise: a day of minute partitions. A table
 #: starting long ago catches up over several runs instead of one enormous plan.
@@ -114,3 +123,39 @@ def complete_partitions(
         partitions.append(Partition(start, end, low, high, needed))
         start = end
     return partitions
+
+
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    """What a run of one rendition converts."""
+
+    width_s: int
+    partitions: list[Partition]
+    input_revision: int
+    """``PlanInput.revision``: recorded in the intent and in every commit."""
+
+
+async def plan_run(
+    kv: KV, keys: Keys, topic: str, rendition: str, *, limit: int = DEFAULT_LIMIT
+) -> RunPlan:
+    """The complete partitions ``rendition`` has not committed yet, from its frontier (or the
+    table's ``since``, whichever is later). ``CommitFailedError`` if the table or the
+    rendition does not exist or the rendition is collected."""
+    tables = TableKeys(keys, topic)
+    read = await kv.txn([], [Get(tables.table()), Get(tables.rendition(rendition))])
+    table_kv, rendition_kv = read.kv(0), read.kv(1)
+    if table_kv is None or rendition_kv is None:
+        raise CommitFailedError(f"{topic} has no table or no rendition {rendition}: create them")
+    table = TableRecord.decode(table_kv.value, table_kv.key)
+    record = RenditionRecord.decode(rendition_kv.value, rendition_kv.key)
+    if record.state == "collected":
+        raise CommitFailedError(f"rendition {rendition} of {topic} is collected")
+    plan_input = await read_plan_input(kv, keys, topic)
+    partitions = complete_partitions(
+        plan_input.clock,
+        plan_input.ranges,
+        width_s=table.width_s,
+        upper_ms=max(record.upper_ms, table.since_ms),
+        limit=limit,
+    )
+    return RunPlan(table.width_s, partitions, plan_input.revision)

@@ -14,9 +14,7 @@ import pytest
 from danube_ingest.analytics import layout
 from danube_ingest.analytics.commit import CommitOutcome, advance_frontier, begin, commit_partition
 from danube_ingest.analytics.parquet import write_partition
-from danube_ingest.analytics.plan import Partition, complete_partitions, read_plan_input
-from danube_ingest.analytics.records import RenditionRecord, TableKeys
-from danube_ingest.analytics.renditions import read_table
+from danube_ingest.analytics.plan import Partition, plan_run
 from danube_ingest.metadata import KV, Keys
 from danube_ingest.metadata.clock import TopicClock
 from danube_ingest.metadata.manifest import ObjectRange
@@ -128,27 +126,19 @@ async def run_conversion(
 ) -> list[CommitOutcome]:
     """One whole run, as the Spark job will do it: plan from etcd, announce the intent, stage
     each partition, commit it, advance the frontier."""
-    table = await read_table(kv, keys, TOPIC)
-    assert table is not None
-    tables = TableKeys(keys, TOPIC)
-    record = await kv.get(tables.rendition(rendition))
-    assert record is not None
-    upper = RenditionRecord.decode(record.value, record.key).upper_ms
-    plan_input = await read_plan_input(kv, keys, TOPIC)
-    partitions = complete_partitions(
-        plan_input.clock, plan_input.ranges, width_s=table.width_s, upper_ms=upper, limit=limit
-    )
+    plan = await plan_run(kv, keys, TOPIC, rendition, limit=limit)
+    partitions, width_s = plan.partitions, plan.width_s
     outcomes = []
     starts = [p.start_ms for p in partitions]
-    intent = await begin(kv, keys, TOPIC, rendition, starts, plan_input.revision, ttl=intent_ttl)
+    intent = await begin(kv, keys, TOPIC, rendition, starts, plan.input_revision, ttl=intent_ttl)
     async with intent:
         for partition in partitions:
-            final_dir = layout.partition_dir(rendition, TOPIC, partition.start_ms, table.width_s)
+            final_dir = layout.partition_dir(rendition, TOPIC, partition.start_ms, width_s)
             staged_dir = intent.staging_path(root, f"{root}{final_dir}")
             files = await write_partition(store, staged_dir, partition_rows(partition), SCHEMA)
             outcomes.append(
                 await commit_partition(
-                    intent, store, root, partition.start_ms, table.width_s, files, converter_version
+                    intent, store, root, partition.start_ms, width_s, files, converter_version
                 )
             )
     await advance_frontier(kv, keys, TOPIC, rendition)

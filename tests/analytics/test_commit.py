@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import pyarrow.dataset as ds
 import pytest
 
 from danube_ingest.analytics.commit import (
@@ -114,6 +115,19 @@ async def test_a_run_commits_and_publishes_every_complete_partition(
     assert await etcd_kv.get_prefix(TableKeys(keys, TOPIC).intents_prefix()) == []
     # A rerun finds nothing left to convert; converting again from scratch is byte-identical.
     assert await run_conversion(etcd_kv, keys, warehouse, rendition) == []
+
+
+async def test_a_rendition_reads_as_a_hive_partitioned_dataset(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
+) -> None:
+    store = ObjectStore("fs", options={"root": str(tmp_path / "wh")})
+    rendition = await make_table(etcd_kv, keys)
+    await run_conversion(etcd_kv, keys, store, rendition)
+    dataset = ds.dataset(tmp_path / "wh" / "warehouse" / "r1", partitioning="hive")
+    table = dataset.to_table(filter=(ds.field("topic") == "orders") & (ds.field("minute") == 10))
+    assert table.column("offset").to_pylist() == list(range(100, 200))
+    assert set(table.column("namespace").to_pylist()) == {"default"}
+    assert set(table.column("hour").to_pylist()) == {10}
 
 
 async def test_rerun_of_committed_partitions_reports_already_and_changes_nothing(

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from danube_ingest.analytics.plan import complete_partitions, read_plan_input
+import pytest
+
+from danube_ingest.analytics.errors import CommitFailedError
+from danube_ingest.analytics.plan import complete_partitions, plan_run, read_plan_input
+from danube_ingest.analytics.renditions import create_rendition, create_table
 from danube_ingest.metadata import KV, Keys
 from danube_ingest.metadata.clock import TopicClock
 
@@ -73,3 +77,15 @@ async def test_plan_input_is_one_consistent_read(kv: KV, keys: Keys) -> None:
     assert clock_kv is not None and got.revision == clock_kv.mod_revision
     parts = complete_partitions(got.clock, got.ranges, width_s=3600)
     assert [p.start_ms for p in parts] == [T0]
+
+
+async def test_plan_run_starts_at_the_rendition_frontier_or_since(kv: KV, keys: Keys) -> None:
+    await publish_input(kv, keys, [120, 300], TopicClock(offset=300, ingest_ms=T0 + HOUR))
+    with pytest.raises(CommitFailedError, match="no table or no rendition r1"):
+        await plan_run(kv, keys, TOPIC, "r1")
+    await create_table(kv, keys, TOPIC, since_ms=T0 + TEN_MIN, width_s=600)
+    rendition = await create_rendition(kv, keys, TOPIC, "v1")
+    plan = await plan_run(kv, keys, TOPIC, rendition, limit=3)
+    assert plan.width_s == 600
+    assert [p.start_ms for p in plan.partitions] == [T0 + i * TEN_MIN for i in (1, 2, 3)]
+    assert plan.input_revision == (await read_plan_input(kv, keys, TOPIC)).revision
