@@ -421,39 +421,72 @@ async def _mark_published(kv: KV, stored: KeyValue, record: PartitionCommit) -> 
     raise CommitFailedError(f"{stored.key} disappeared while it was being published")
 
 
+async def _get_many(kv: KV, keys: Sequence[str]) -> list[KeyValue | None]:
+    """Each key's current value, 64 per transaction (etcd allows 128 ops per branch)."""
+    found: list[KeyValue | None] = []
+    for at in range(0, len(keys), 64):
+        result = await kv.txn([], [Get(k) for k in keys[at : at + 64]])
+        found.extend(result.kv(i) for i in range(len(result.responses)))
+    return found
+
+
+async def _staged_runs(
+    store: ObjectStore, root: str, topic: str | None = None
+) -> dict[str, tuple[list[str], set[tuple[str, str, int]]]]:
+    """Per token in the warehouse's staging: its staged keys and the (topic, rendition,
+    partition start) they belong to. Keys that do not parse are logged and left out."""
+    runs: dict[str, tuple[list[str], set[tuple[str, str, int]]]] = {}
+    for key in await store.list(staging_prefix(root)):
+        try:
+            parsed = parse_path(root, key)
+        except ValueError:
+            log.warning("unknown staged object left alone key=%s", key)
+            continue
+        assert parsed.token is not None
+        if topic is not None and parsed.topic != topic:
+            continue
+        staged, partitions = runs.setdefault(parsed.token, ([], set()))
+        staged.append(key)
+        partitions.add((parsed.topic, parsed.rendition, parsed.start_ms))
+    return runs
+
+
 async def finish_published(
     kv: KV, keys: Keys, topic: str, store: ObjectStore, root: str
 ) -> list[PartitionCommit]:
-    """Publish every committed but unpublished partition of the topic (all renditions but
-    collected ones) from its run's staging, then advance the frontiers. Returns what it
-    published. Safe to run at any time, concurrently with runs."""
+    """Publish every committed but unpublished partition of the topic from its run's staging,
+    then advance the frontiers of the renditions it touched. Returns what it published. Safe to
+    run at any time, concurrently with runs.
+
+    An unpublished commit always has its staging (collection keeps it), so the commits to look
+    at are found from the staging listing: the cost follows the staging, not the table's age.
+    """
     tables = TableKeys(keys, topic)
-    entries = await kv.get_prefix(tables.renditions_prefix())
-    collected = {
-        kv_.key
-        for kv_ in entries
-        if tables.is_rendition(kv_.key)
-        and RenditionRecord.decode(kv_.value, kv_.key).state == "collected"
-    }
+    candidates = sorted(
+        {
+            (rendition, start)
+            for _, (_, partitions) in (await _staged_runs(store, root, topic)).items()
+            for _, rendition, start in partitions
+        }
+    )
+    stored = await _get_many(kv, [tables.part(r, s) for r, s in candidates])
     done: list[PartitionCommit] = []
     touched: set[str] = set()
-    for entry in entries:
-        if tables.is_rendition(entry.key):
-            continue
-        rendition = entry.key[len(tables.renditions_prefix()) :].split("/", 1)[0]
-        if tables.rendition(rendition) in collected:
+    for (rendition, _), entry in zip(candidates, stored, strict=True):
+        if entry is None:
             continue
         record = PartitionCommit.decode(entry.value, entry.key)
         touched.add(rendition)
-        if not record.published:
-            done.append(await publish(kv, tables, store, root, rendition, entry))
-            log.info(
-                "partition published on recovery topic=%s rendition=%s start_ms=%d token=%s",
-                topic,
-                rendition,
-                record.start_ms,
-                record.token,
-            )
+        if record.published:
+            continue
+        done.append(await publish(kv, tables, store, root, rendition, entry))
+        log.info(
+            "partition published on recovery topic=%s rendition=%s start_ms=%d token=%s",
+            topic,
+            rendition,
+            record.start_ms,
+            record.token,
+        )
     for rendition in sorted(touched):
         await advance_frontier(kv, keys, topic, rendition)
     return done
@@ -462,26 +495,36 @@ async def finish_published(
 async def advance_frontier(kv: KV, keys: Keys, topic: str, rendition: str) -> int:
     """Move ``rendition``'s ``upper`` over its contiguous published partitions, and the
     table's ``upper`` with it when the rendition is active; returns the rendition's upper.
-    Frontiers only move forward (CAS; a concurrent advance is re-read)."""
+    Frontiers only move forward (CAS; a concurrent advance is re-read). Reads only the
+    partitions it moves over (plus one)."""
     tables = TableKeys(keys, topic)
     table_key, rendition_key = tables.table(), tables.rendition(rendition)
     while True:
-        read = await kv.txn(
-            [], [Get(table_key), Get(rendition_key), Get(tables.parts_prefix(rendition), True)]
-        )
+        read = await kv.txn([], [Get(table_key), Get(rendition_key)])
         table_kv, rendition_kv = read.kv(0), read.kv(1)
         if table_kv is None or rendition_kv is None:
             raise CommitFailedError(f"{topic} has no table or no rendition {rendition}")
         table = TableRecord.decode(table_kv.value, table_key)
         current = RenditionRecord.decode(rendition_kv.value, rendition_key)
-        published = {
-            r.start_ms
-            for r in (PartitionCommit.decode(e.value, e.key) for e in read.responses[2].kvs)
-            if r.published
-        }
+        if current.state == "collected":
+            return current.upper_ms
         upper = max(current.upper_ms, table.since_ms)
-        while upper in published:
-            upper = partition_end(upper, table.width_s)
+        # Commits are only created and marked published (collection, which deletes them,
+        # changes the rendition record first, failing the CAS below), so reading them one
+        # batch at a time needs no snapshot.
+        while True:
+            starts = [upper]
+            for _ in range(63):
+                starts.append(partition_end(starts[-1], table.width_s))
+            found = await _get_many(kv, [tables.part(rendition, s) for s in starts])
+            moved = 0
+            for entry in found:
+                if entry is None or not PartitionCommit.decode(entry.value, entry.key).published:
+                    break
+                moved += 1
+            upper = partition_end(starts[moved - 1], table.width_s) if moved else upper
+            if moved < len(starts):
+                break
         puts = []
         if upper > current.upper_ms:
             puts.append(Put(rendition_key, replace(current, upper_ms=upper).encode()))
@@ -541,37 +584,28 @@ async def collect_staging(
 ) -> list[str]:
     """Delete the staging of runs that are over: no live intent, no committed-but-unpublished
     partition, and begun more than ``grace_s`` ago. Returns the tokens collected. Staged keys
-    that do not parse are left alone (and logged)."""
+    that do not parse are left alone (and logged). Reads only the records the staged files
+    name (their intents and partition commits)."""
     now = _now_ms() if now_ms is None else now_ms
-    base = staging_prefix(root)
-    by_token: dict[str, list[str]] = {}
-    topics: dict[str, set[str]] = {}
-    for key in await store.list(base):
-        try:
-            parsed = parse_path(root, key)
-        except ValueError:
-            log.warning("unknown staged object left alone key=%s", key)
-            continue
-        assert parsed.token is not None
-        by_token.setdefault(parsed.token, []).append(key)
-        topics.setdefault(parsed.token, set()).add(parsed.topic)
-    busy: set[str] = set()
-    for topic in set().union(*topics.values()) if topics else set():
-        tables = TableKeys(keys, topic)
-        read = await kv.txn(
-            [], [Get(tables.intents_prefix(), True), Get(tables.renditions_prefix(), True)]
-        )
-        busy.update(e.key[len(tables.intents_prefix()) :] for e in read.responses[0].kvs)
-        for entry in read.responses[1].kvs:
-            if tables.is_rendition(entry.key):
-                continue
-            record = PartitionCommit.decode(entry.value, entry.key)
-            if not record.published:
-                busy.add(record.token)
     collected = []
-    for token, staged in sorted(by_token.items()):
+    for token, (staged, partitions) in sorted((await _staged_runs(store, root)).items()):
         created = token_created_ms(token)
-        if token in busy or created is None or now - created < grace_s * 1000:
+        if created is None or now - created < grace_s * 1000:
+            continue
+        ordered = sorted(partitions)
+        topics = sorted({t for t, _, _ in ordered})
+        # Intents first: an intent absent now can never commit again (its CAS checks it), so
+        # the commits read afterwards are all the commits the token will ever have.
+        intents = await _get_many(kv, [TableKeys(keys, t).intent(token) for t in topics])
+        if any(i is not None for i in intents):
+            continue
+        commits = await _get_many(kv, [TableKeys(keys, t).part(r, s) for t, r, s in ordered])
+        if any(
+            c is not None
+            and (r := PartitionCommit.decode(c.value, c.key)).token == token
+            and not r.published
+            for c in commits
+        ):
             continue
         for key in staged:
             await _delete(store, key)
