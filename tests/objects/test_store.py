@@ -97,6 +97,15 @@ async def test_delete_is_idempotent(object_store: ObjectStore) -> None:
         await object_store.get("k")
 
 
+async def test_concurrent_deletes_of_one_key_all_succeed(object_store: ObjectStore) -> None:
+    # fs deletes by stat + unlink: a racing delete used to surface as ObjectNotFoundError.
+    for round_ in range(20):
+        key = f"race/{round_}"
+        await object_store.put(key, b"x" * 1024)
+        await asyncio.gather(*(object_store.delete(key) for _ in range(8)))
+        assert await object_store.size(key) is None
+
+
 async def test_list_is_recursive_sorted_and_files_only(object_store: ObjectStore) -> None:
     keys = ["z", "a/bb", "a/b/d/e", "a/b/c", "topics/ns/t/data-1.bin"]
     for key in keys:
