@@ -346,14 +346,7 @@ async def _settle(
 
 async def _delete_staged(store: ObjectStore, files: Sequence[FileInfo]) -> None:
     for info in files:
-        await _delete(store, info.path)
-
-
-async def _delete(store: ObjectStore, key: str) -> None:
-    """Delete ``key``; already gone is fine. (On fs, two racing deletes of one file can make
-    the slower one raise NotFound, although ``delete`` is meant to be idempotent.)"""
-    with contextlib.suppress(ObjectNotFoundError):
-        await store.delete(key)
+        await store.delete(info.path)
 
 
 async def _matches(store: ObjectStore, path: str, size: int, crc: int) -> bool:
@@ -396,7 +389,7 @@ async def publish(
             await store.put_large(info.path, [data])
         record = await _mark_published(kv, stored, record)
     for source in staged:
-        await _delete(store, source)
+        await store.delete(source)
     return record
 
 
@@ -608,7 +601,7 @@ async def collect_staging(
         ):
             continue
         for key in staged:
-            await _delete(store, key)
+            await store.delete(key)
         collected.append(token)
         log.info("staging collected token=%s files=%d", token, len(staged))
     return collected
