@@ -11,8 +11,11 @@ frames together, up to ``READ_BYTES`` per read). Rows are those of the range wit
 each exactly once; batches have at most ``max_rows`` rows.
 
 Errors: a missing object raises :class:`ObjectNotFoundError` (naming the key and the byte
-range asked for); bytes that are not what the manifest and footer say raise
-:class:`ObjectFormatError` naming the key and the byte position. Nothing is skipped silently.
+range asked for); bytes that are not what the manifest and footer say (an object of another
+size, a damaged footer or frame, a footer that disagrees with the manifest) raise
+:class:`ObjectFormatError` naming the key and the byte position. Rows before the damage may
+have been yielded; nothing is skipped silently. Transient store failures are retried by the
+``ObjectStore`` and then raised as retriable ``ObjectStoreError``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from danube_ingest.analytics.decode import SchemaDecoder, entries_to_batch
-from danube_ingest.errors import ObjectFormatError
+from danube_ingest.errors import ObjectFormatError, ObjectNotFoundError, ObjectStoreError
 from danube_ingest.metadata.manifest import ObjectRange
 from danube_ingest.objects.binfmt import FrameRef, decode_frame_bytes, read_footer_from
 from danube_ingest.objects.store import ObjectStore
@@ -187,7 +190,20 @@ async def _frames(store: ObjectStore, part: ReadPart) -> list[FrameRef]:
     """The frames of ``part``'s topic in its object that may hold wanted rows, after checking
     the footer agrees with the manifest."""
     key = part.object_key
-    footer = await read_footer_from(store.get_range, part.object_size, key)
+    try:
+        footer = await read_footer_from(store.get_range, part.object_size, key)
+    except ObjectNotFoundError:
+        raise
+    except ObjectStoreError as exc:
+        if exc.retriable:
+            raise
+        # A ranged read past the end: the object is not the one the manifest describes.
+        size = await store.size(key)
+        if size is None or size == part.object_size:
+            raise
+        raise ObjectFormatError(
+            key, size, f"the object is {size} bytes, the manifest says {part.object_size}"
+        ) from exc
     span = footer.topics.get(part.topic)
     if span is None:
         raise ObjectFormatError(
