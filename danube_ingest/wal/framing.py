@@ -240,7 +240,11 @@ def entry_size(entry: Entry) -> int:
     module docstring), so that a caller can refuse the entry before giving it an offset:
     ``messages_frame`` cannot fail on an entry that passed.
     """
-    size = _ENTRY.size + _short_field("producer name", entry.producer_name)
+    name = entry.producer_name
+    if name.isascii() and len(name) <= MAX_SHORT_FIELD:
+        size = _ENTRY.size + len(name)
+    else:
+        size = _ENTRY.size + _short_field("producer name", name)
     key = entry.routing_key
     if key is not None:
         size += _short_field("routing key", key)
@@ -263,12 +267,20 @@ def entry_size(entry: Entry) -> int:
     size += payload_len
     if size > MAX_ENTRY_BODY:
         raise InvalidEntryError(f"entry of {size} encoded bytes exceeds {MAX_ENTRY_BODY}")
-    _integer("publish_ms", entry.publish_ms, _MIN_I64, _MAX_I64)
-    _integer("producer_id", entry.producer_id, 0, _MAX_U64)
-    _integer("request_id", entry.request_id, 0, _MAX_U64)
-    if entry.schema_id is not None:
-        _integer("schema_id", entry.schema_id, 0, _MAX_U64)
-    _integer("schema_version", entry.schema_version, 0, _MAX_U32)
+    schema_id = entry.schema_id
+    if not (
+        _MIN_I64 <= entry.publish_ms <= _MAX_I64
+        and 0 <= entry.producer_id <= _MAX_U64
+        and 0 <= entry.request_id <= _MAX_U64
+        and 0 <= entry.schema_version <= _MAX_U32
+        and (schema_id is None or 0 <= schema_id <= _MAX_U64)
+    ):
+        # (One comparison chain on the common path; name the field only when one is wrong.)
+        _integer("publish_ms", entry.publish_ms, _MIN_I64, _MAX_I64)
+        _integer("producer_id", entry.producer_id, 0, _MAX_U64)
+        _integer("request_id", entry.request_id, 0, _MAX_U64)
+        _integer("schema_version", entry.schema_version, 0, _MAX_U32)
+        _integer("schema_id", schema_id or 0, 0, _MAX_U64)
     return size
 
 

@@ -4,20 +4,27 @@ wedge the log, burn offsets or leave a log that recovery, verify or repair treat
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from danube_ingest.errors import InvalidEntryError, WalFailedError
 from danube_ingest.store import TopicStore
 from danube_ingest.wal import RegionLog, repair_region, verify_region
 from danube_ingest.wal import log as wal_log
 from danube_ingest.wal.framing import (
+    BATCH_HEADER_SIZE,
     MAX_SHORT_FIELD,
+    PREFIX_SIZE,
     Entry,
     checkpoint_frame,
+    decode_frame,
+    decode_messages,
     entry_size,
     messages_frame,
     topic_frame,
@@ -200,3 +207,47 @@ def test_offset_gap_is_reported_kept_by_repair_and_skipped_by_readers(tmp_path: 
     got, appended = asyncio.run(read_and_append())
     assert got == [(0, b"0"), (1, b"1"), (3, b"3")]
     assert appended == 4
+
+
+SIZES = st.sampled_from([0, 1, MAX_SHORT_FIELD - 1, MAX_SHORT_FIELD, MAX_SHORT_FIELD + 1])
+CHARS = st.sampled_from(["a", "\u00e9", "\u20ac", "\U0001f600"])
+
+
+@st.composite
+def near_limit_entries(draw: st.DrawFn) -> Entry:
+    def text() -> str:
+        char, size = draw(CHARS), draw(SIZES)
+        body = char * (size // len(char.encode()))
+        return body + "a" * (size - len(body.encode()))
+
+    return Entry(
+        b"p",
+        producer_name=text(),
+        routing_key=text() if draw(st.booleans()) else None,
+        attributes={f"{i}{text()}": text() for i in range(draw(st.integers(0, 2)))},
+        publish_ms=draw(st.sampled_from([-(1 << 63) - 1, -(1 << 63), 0, (1 << 63) - 1, 1 << 63])),
+        producer_id=draw(st.sampled_from([-1, 0, (1 << 64) - 1, 1 << 64])),
+        schema_id=draw(st.sampled_from([None, 0, (1 << 64) - 1, 1 << 64])),
+        schema_version=draw(st.sampled_from([0, (1 << 32) - 1, 1 << 32])),
+    )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(entry=near_limit_entries())
+def test_entry_size_accepts_exactly_what_frames(entry: Entry) -> None:
+    """``entry_size`` refuses an entry exactly when framing it would fail; what it accepts
+    frames to its size and decodes back."""
+    try:
+        size = entry_size(entry)
+    except InvalidEntryError:
+        with pytest.raises((struct.error, UnicodeEncodeError)):
+            messages_frame(1, 0, [entry])
+        return
+    pieces = messages_frame(1, 0, [entry])
+    assert sum(len(p) for p in pieces) == PREFIX_SIZE + BATCH_HEADER_SIZE + size
+    (decoded,) = decode_messages(decode_frame(b"".join(pieces)).body)[1]
+    assert (decoded.producer_name, decoded.routing_key, decoded.attributes) == (
+        entry.producer_name,
+        entry.routing_key,
+        entry.attributes or None,
+    )
