@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -13,6 +16,7 @@ from danube import SchemaType, SubType
 from danube.proto import DanubeApi_pb2 as pb
 
 from danube_ingest.broker.server import Broker
+from danube_ingest.testing import BrokerProcess
 
 from .conftest import BrokerFactory
 from .support import (
@@ -304,3 +308,45 @@ async def test_overlong_names_are_invalid_with_a_short_error_text(
     async with metadata(etcd_server, etcd_prefix) as records:
         assert [c.name for c in await records.list_clients()] == ["p1"]
         assert await records.list_subscriptions(topic) == []
+
+
+def wal_verify(data_dir: Path) -> str:
+    """``danube-ingest wal verify`` on a broker's data directory; fails unless it exits 0."""
+    done = subprocess.run(
+        [sys.executable, "-m", "danube_ingest.cli", "wal", "verify", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.slow
+async def test_poison_request_leaves_a_daemon_that_stops_verifies_and_restarts(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str
+) -> None:
+    """The issue's scenario with a real daemon: after the request that used to wedge the WAL,
+    SIGTERM stops it, ``wal verify`` is clean, and it restarts with its offsets contiguous."""
+    topic = "/default/poison"
+    broker = BrokerProcess(tmp_path / "b1", etcd_server, prefix=etcd_prefix)
+    await asyncio.to_thread(broker.start)
+    try:
+        async with raw_stubs(broker.url) as raw:
+            pid = (await raw.producers.CreateProducer(producer_request(topic))).producer_id
+            await raw.producers.SendMessage(message(pid, topic, b"m0"))
+            poison = message(pid, topic, b"bad", attributes={TOO_LONG_KEY: "v"})
+            error = await asyncio.wait_for(rpc_error(raw.producers.SendMessage(poison)), ANSWER)
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            await asyncio.wait_for(raw.producers.SendMessage(message(pid, topic, b"m1")), ANSWER)
+        await asyncio.to_thread(broker.stop)  # raises if SIGTERM does not stop it in 30 s
+        assert f"topic {topic}: offsets 0..1" in wal_verify(broker.data_dir)
+
+        await asyncio.to_thread(broker.start)
+        async with raw_stubs(broker.url) as raw:
+            await asyncio.wait_for(raw.producers.SendMessage(message(pid, topic, b"m2")), ANSWER)
+        await asyncio.to_thread(broker.stop)
+        report = wal_verify(broker.data_dir)
+        assert f"topic {topic}: offsets 0..2" in report and "gap" not in report
+    finally:
+        broker.kill()
