@@ -20,6 +20,7 @@ never the message text.
           ├── WalBackpressureError     the WAL is full (retention limit); retriable
           ├── OffsetOutOfRangeError    a reader asked for an offset that is no longer retained
           ├── PayloadTooLargeError     an entry larger than the configured maximum
+          ├── InvalidEntryError        an entry (or topic name) with a field the WAL cannot frame
           ├── ObjectFormatError        bytes that are not a valid .bin object (names key + position)
           └── ObjectStoreError         the object store failed; ``retriable`` says whether to retry
                └── ObjectNotFoundError  no object under that key
@@ -126,6 +127,12 @@ class OffsetOutOfRangeError(StorageError):
 
 class PayloadTooLargeError(StorageError):
     """An entry exceeds the configured maximum size; nothing was stored."""
+
+
+class InvalidEntryError(StorageError, ValueError):
+    """An entry (or a topic name) with a field the WAL frame cannot hold (a routing key or an
+    attribute key over 65,535 UTF-8 bytes, an integer out of its field's range...). Raised
+    before the entry gets an offset: nothing was stored and no offset was used."""
 
 
 class ObjectFormatError(StorageError):

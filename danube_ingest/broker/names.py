@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from danube_ingest.broker.validation import shown
 from danube_ingest.errors import DanubeIngestError
 
 _TOPIC_RE = re.compile(r"^/([A-Za-z0-9_-]+)/([A-Za-z0-9_-]+)$")
@@ -21,12 +22,16 @@ class InvalidTopicNameError(DanubeIngestError, ValueError):
 
 
 def parse_topic(name: str) -> tuple[str, str]:
-    """Split ``/ns/topic`` into (ns, topic); raise InvalidTopicNameError otherwise."""
-    match = _TOPIC_RE.match(name)
-    if match is None or len(name) > MAX_TOPIC_NAME:
+    """Split ``/ns/topic`` into (ns, topic); raise InvalidTopicNameError otherwise.
+
+    A valid name is ASCII, so at most ``MAX_TOPIC_NAME`` bytes; the error echoes at most the
+    first 64 characters of an invalid one.
+    """
+    match = None if len(name) > MAX_TOPIC_NAME else _TOPIC_RE.match(name)
+    if match is None:
         raise InvalidTopicNameError(
-            f"invalid topic name {name!r}: expected /namespace/topic, each part of letters, "
-            f"digits, '_' or '-', at most {MAX_TOPIC_NAME} characters in all"
+            f"invalid topic name {shown(name)}: expected /namespace/topic, each part of "
+            f"letters, digits, '_' or '-', at most {MAX_TOPIC_NAME} characters in all"
         )
     return match.group(1), match.group(2)
 

@@ -26,9 +26,11 @@ from danube_ingest.broker.errors import (
 from danube_ingest.broker.names import InvalidTopicNameError
 from danube_ingest.broker.start import from_metadata
 from danube_ingest.broker.topics import TopicManager
-from danube_ingest.dispatch import SubscriptionBusyError, SubscriptionType
+from danube_ingest.broker.validation import subscription_type
+from danube_ingest.dispatch import SubscriptionBusyError
 from danube_ingest.errors import (
     DanubeIngestError,
+    InvalidEntryError,
     PayloadTooLargeError,
     WalBackpressureError,
     WalClosedError,
@@ -55,6 +57,7 @@ _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidTopicNameError, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (PayloadTooLargeError, grpc.StatusCode.INVALID_ARGUMENT),
+    (InvalidEntryError, grpc.StatusCode.INVALID_ARGUMENT),
     (PayloadValidationError, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidSchemaError, grpc.StatusCode.INVALID_ARGUMENT),
     # A subscription name that cannot be a metadata key segment ('/', spaces...).
@@ -91,11 +94,20 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+#: Longest error text sent (characters): it travels in the ``grpc-message`` header,
+#: percent-encoded (up to 12 bytes per character), and gRPC's default header limit is 8 KiB. A
+#: longer one makes the client see RESOURCE_EXHAUSTED ("Stream removed") and retry for ever.
+MAX_DETAILS = 600
+
+
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     code = status_for(exc)
     if code == grpc.StatusCode.INTERNAL and not isinstance(exc, DanubeIngestError):
         log.exception("internal error serving a request", exc_info=exc)
-    await context.abort(code, str(exc))
+    details = str(exc)
+    if len(details) > MAX_DETAILS:
+        details = f"{details[: MAX_DETAILS - 20]}... ({len(details)} characters)"
+    await context.abort(code, details)
 
 
 class DiscoveryService(pb_grpc.DiscoveryServicer):  # type: ignore[misc]
@@ -163,7 +175,7 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
 
     async def Subscribe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            sub_type = SubscriptionType(request.subscription_type)
+            sub_type = subscription_type(request.subscription_type)
             # Our own extension: where a new subscription starts (danube-client never sends it).
             start = from_metadata(context.invocation_metadata())
             consumer_id = await self._manager.subscribe(

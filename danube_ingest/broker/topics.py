@@ -43,6 +43,7 @@ from danube_ingest.broker.errors import (
 )
 from danube_ingest.broker.names import parse_topic, partition_base
 from danube_ingest.broker.start import LATEST, StartPosition
+from danube_ingest.broker.validation import check_message, check_name
 from danube_ingest.config import LimitsConfig
 from danube_ingest.dispatch import (
     ConsumerClosedError,
@@ -287,6 +288,7 @@ class TopicManager:
         self, topic: str, name: str, reliable: bool, schema_subject: str | None = None
     ) -> int:
         parse_topic(topic)
+        check_name(name, "producer name")
         runtime = await self._load(topic, create_reliable=reliable)
         if runtime.reliable != reliable:
             raise StrategyMismatchError(
@@ -335,6 +337,7 @@ class TopicManager:
 
     async def publish(self, msg: Any) -> None:
         """Store (reliable) or fan out (non-reliable) one published message."""
+        check_message(msg, self._limits)
         record = self._producers.get(msg.msg_id.producer_id)
         if record is None:
             record = await self._producer(msg.msg_id.producer_id)
@@ -347,17 +350,6 @@ class TopicManager:
         if runtime is None:
             runtime = await self._load(topic)
         runtime.producers[record.client_id] = time.monotonic()
-        limits = self._limits
-        if len(msg.payload) > limits.max_payload_bytes:
-            raise InvalidRequestError(
-                f"payload of {len(msg.payload)} bytes exceeds limits.max_payload_bytes "
-                f"({limits.max_payload_bytes})"
-            )
-        if len(msg.attributes) > limits.max_attributes:
-            raise InvalidRequestError(
-                f"{len(msg.attributes)} attributes exceed limits.max_attributes "
-                f"({limits.max_attributes})"
-            )
         config = await self._schema_config(runtime)
         if config is not None:
             await self._schemas.validate_message(
@@ -414,6 +406,8 @@ class TopicManager:
         parse_topic(topic)
         if not subscription:
             raise InvalidRequestError("subscription name must not be empty")
+        check_name(subscription, "subscription name")
+        check_name(consumer_name, "consumer name")
         runtime = await self._load(topic)
         sub_record = await self._records.get_subscription(topic, subscription)
         if sub_record is None:

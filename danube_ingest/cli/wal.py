@@ -1,8 +1,10 @@
 """``danube-ingest wal verify|repair``: inspect and repair the write-ahead log offline.
 
 Run them while the broker is stopped. ``verify`` changes nothing and exits 1 when a region is
-corrupt (the broker would refuse to open it). ``repair`` truncates each damaged region at its
-first damage, moving the cut bytes and every later segment into ``{region}/quarantine/``.
+corrupt (the broker would refuse to open it); it also lists offset gaps (offsets in no frame:
+never written, so never acknowledged), which are not damage. ``repair`` truncates each damaged
+region at its first damage, moving the cut bytes and every later segment into
+``{region}/quarantine/``; it never moves a frame for an offset gap.
 
 ``repair`` takes the WAL directory's lock (``danube_ingest.datadir``; a running broker holds it)
 and refuses, naming the broker's pid, while a broker uses the WAL. ``verify`` takes no lock and
@@ -65,6 +67,8 @@ def _verify(args: argparse.Namespace) -> int:
         )
         for topic, (first, nxt) in sorted(report.topics.items()):
             print(f"  topic {topic}: offsets {first}..{nxt - 1}" if nxt > first else f"  {topic}")
+        for gap in report.gaps:
+            print(f"  gap (kept, not damage): {gap}")
         if report.torn_tail is not None:
             path, position = report.torn_tail
             print(f"  torn tail at {path}:{position} (recovery truncates it; nothing acknowledged)")
@@ -86,7 +90,8 @@ def _repair_regions(args: argparse.Namespace, regions: list[Path]) -> int:
         report = verify_region(region)
         damage = report.corruption
         if damage is None and report.torn_tail is None:
-            print(f"region {region.name}: intact")
+            kept = f" ({len(report.gaps)} offset gaps kept: not damage)" if report.gaps else ""
+            print(f"region {region.name}: intact{kept}")
             continue
         where = (damage.path, damage.position) if damage else report.torn_tail
         assert where is not None

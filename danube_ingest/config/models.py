@@ -444,12 +444,16 @@ class LimitsConfig(_Section):
 
     max_payload_bytes: _Bytes = Field(
         # gRPC's default maximum message is 4MiB (4,194,304 bytes); 4,000,000 leaves ~190KB
-        # for the rest of the publish request (attributes, names, framing).
+        # for the rest of the request (topic and subscription names, protobuf framing). The
+        # attributes, routing key and producer name count against it too (broker.validation):
+        # otherwise 64 attributes of 200KB each would pass, and the delivered message would
+        # exceed the broker's send limit.
         default=4_000_000,
         gt=0,
         description=(
-            "Largest message payload accepted; larger publishes are rejected. The default stays "
-            "under gRPC's 4MiB message limit."
+            "Largest message accepted: its payload, attribute keys and values, routing key and "
+            "producer name together (UTF-8 bytes); larger publishes are rejected with "
+            "INVALID_ARGUMENT. The default stays under gRPC's 4MiB message limit."
         ),
     )
     max_attributes: _Count = Field(

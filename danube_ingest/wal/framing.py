@@ -35,6 +35,12 @@ CRC covers many small entries and recovery verifies a batch with one call)::
     | attribute_count x (u16 key_len | u32 value_len | key (utf-8) | value (utf-8))
     | payload
 
+What an entry may hold follows from these widths (``entry_size`` checks it before the log
+assigns an offset, so an entry that cannot be framed is refused, never half-staged): producer
+name, routing key and each attribute key at most ``MAX_SHORT_FIELD`` (65,535) UTF-8 bytes, at
+most 65,535 attributes, an attribute value or payload below 4 GiB, and the whole entry within
+``MAX_ENTRY_BODY``; ``publish_ms`` fits an i64, the ids a u64, ``schema_version`` a u32.
+
 ``TOPIC`` (2): ``u32 topic_id | u16 name_len | name (utf-8)``. Binds a region-wide topic id to
 its name. Written in every segment before the topic's first MESSAGES frame there, so each
 segment (and the object uploaded from it) decodes on its own.
@@ -55,13 +61,23 @@ from typing import Any, NamedTuple
 
 from crc32c import crc32c
 
-from danube_ingest.errors import CorruptFrameError, TruncatedFrameError
+from danube_ingest.errors import CorruptFrameError, InvalidEntryError, TruncatedFrameError
 
 FORMAT_VERSION = 1
 
 #: Upper bound on one frame's body. Protects readers from allocating on a garbage length that
 #: happens to pass the header CRC; also the largest batch a single append call may produce.
 MAX_FRAME_BODY = 256 * 1024 * 1024
+
+#: Longest producer name, routing key, attribute key or topic name in UTF-8 bytes, and most
+#: attributes on one entry: their lengths (and the count) are u16 fields.
+MAX_SHORT_FIELD = 0xFFFF
+#: Largest attribute value or payload (u32 length fields).
+MAX_LONG_FIELD = 0xFFFF_FFFF
+_MAX_U64 = 0xFFFF_FFFF_FFFF_FFFF
+_MAX_U32 = 0xFFFF_FFFF
+_MIN_I64 = -(1 << 63)
+_MAX_I64 = (1 << 63) - 1
 
 #: Parts (payloads) of at least this many bytes stay separate buffers instead of being copied
 #: into the frame body; smaller ones are cheaper to copy than to CRC and write one by one.
@@ -85,6 +101,9 @@ _ATTR = struct.Struct("<HI")
 _TOPIC = struct.Struct("<IH")
 _TIME = struct.Struct("<IQq")
 _CHECKPOINT = struct.Struct("<QqH")
+
+#: Largest encoded entry: one alone must fit a MESSAGES frame after its batch header.
+MAX_ENTRY_BODY = MAX_FRAME_BODY - BATCH_HEADER_SIZE
 
 _HAS_SCHEMA = 1
 _HAS_KEY = 2
@@ -189,6 +208,86 @@ class BatchHeader(NamedTuple):
     num_entries: int
     first_ingest_ms: int
     last_ingest_ms: int
+
+
+def utf8_len(value: str) -> int:
+    """Length of ``value`` in UTF-8 bytes; ValueError (a UnicodeEncodeError) for a string that
+    has no UTF-8 form (a lone surrogate). Free for ASCII strings."""
+    if value.isascii():
+        return len(value)
+    return len(value.encode())
+
+
+def _short_field(what: str, value: str) -> int:
+    try:
+        size = utf8_len(value)
+    except UnicodeEncodeError:
+        raise InvalidEntryError(f"{what} is not valid unicode (a lone surrogate)") from None
+    if size > MAX_SHORT_FIELD:
+        raise InvalidEntryError(f"{what} of {size} UTF-8 bytes exceeds {MAX_SHORT_FIELD}")
+    return size
+
+
+def _integer(what: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise InvalidEntryError(f"{what} {value} is outside [{low}, {high}]")
+
+
+def entry_size(entry: Entry) -> int:
+    """Bytes ``entry`` takes in a MESSAGES body, once it is checked to be framable.
+
+    Raises :class:`InvalidEntryError` naming the first field the frame cannot hold (see the
+    module docstring), so that a caller can refuse the entry before giving it an offset:
+    ``messages_frame`` cannot fail on an entry that passed.
+    """
+    name = entry.producer_name
+    if name.isascii() and len(name) <= MAX_SHORT_FIELD:
+        size = _ENTRY.size + len(name)
+    else:
+        size = _ENTRY.size + _short_field("producer name", name)
+    key = entry.routing_key
+    if key is not None:
+        size += _short_field("routing key", key)
+    attrs = entry.attributes
+    if attrs:
+        if len(attrs) > MAX_SHORT_FIELD:
+            raise InvalidEntryError(f"{len(attrs)} attributes exceed {MAX_SHORT_FIELD}")
+        for akey, value in attrs.items():
+            size += _ATTR.size + _short_field("attribute key", akey)
+            try:
+                vlen = utf8_len(value)
+            except UnicodeEncodeError:
+                raise InvalidEntryError(
+                    "attribute value is not valid unicode (a lone surrogate)"
+                ) from None
+            if vlen > MAX_LONG_FIELD:
+                raise InvalidEntryError(f"attribute value of {vlen} bytes exceeds {MAX_LONG_FIELD}")
+            size += vlen
+    payload_len = len(entry.payload)
+    size += payload_len
+    if size > MAX_ENTRY_BODY:
+        raise InvalidEntryError(f"entry of {size} encoded bytes exceeds {MAX_ENTRY_BODY}")
+    schema_id = entry.schema_id
+    if not (
+        _MIN_I64 <= entry.publish_ms <= _MAX_I64
+        and 0 <= entry.producer_id <= _MAX_U64
+        and 0 <= entry.request_id <= _MAX_U64
+        and 0 <= entry.schema_version <= _MAX_U32
+        and (schema_id is None or 0 <= schema_id <= _MAX_U64)
+    ):
+        # (One comparison chain on the common path; name the field only when one is wrong.)
+        _integer("publish_ms", entry.publish_ms, _MIN_I64, _MAX_I64)
+        _integer("producer_id", entry.producer_id, 0, _MAX_U64)
+        _integer("request_id", entry.request_id, 0, _MAX_U64)
+        _integer("schema_version", entry.schema_version, 0, _MAX_U32)
+        _integer("schema_id", schema_id or 0, 0, _MAX_U64)
+    return size
+
+
+def check_topic_name(name: str) -> None:
+    """Raise :class:`InvalidEntryError` unless ``name`` fits a TOPIC frame."""
+    shown = repr(name) if len(name) <= 64 else f"{name[:64]!r}..."
+    _short_field(f"topic name {shown}", name)
 
 
 def _frame(kind: int, pieces: list[bytes | bytearray]) -> list[bytes]:

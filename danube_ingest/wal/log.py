@@ -13,8 +13,12 @@ Guarantees:
   stream in quickly it waits up to ``linger_us`` for more to share the sync (a lone append never
   waits; see ``_FileBackend._linger_for_more``), and always lingers ``fsync_interval_ms`` if
   that is configured.
+* An entry the frame cannot hold (``framing.entry_size``), or a topic name too long for a TOPIC
+  frame, is refused by ``stage``/``stage_batch`` with ``InvalidEntryError`` before it gets an
+  offset: nothing is stored, no offset is used, the log goes on.
 * A failed write or fsync fails every pending append and poisons the log (``WalFailedError``);
-  reopening runs recovery against what really is on disk.
+  reopening runs recovery against what really is on disk. So does anything else that stops the
+  sequencer's framing or kills the writer thread: every waiter gets the error at once, none hangs.
 
 Division of labour: the event loop thread is the sequencer. It assigns offsets, frames entries,
 decides rotation and so knows every frame's segment and byte position (the sparse index) before
@@ -42,13 +46,17 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from danube_ingest.errors import (
+    InvalidEntryError,
     PayloadTooLargeError,
     WalClosedError,
     WalFailedError,
 )
 from danube_ingest.wal.framing import (
+    MAX_ENTRY_BODY,
     Entry,
+    check_topic_name,
     checkpoint_frame,
+    entry_size,
     messages_frame,
     time_frame,
     topic_frame,
@@ -351,8 +359,11 @@ class RegionLog:
         return list(self._topics.values())
 
     def ensure_topic(self, name: str) -> TopicMeta:
+        """The topic's state, registering a new topic (``InvalidEntryError`` for a name that
+        does not fit a TOPIC frame)."""
         topic = self._topics.get(name)
         if topic is None:
+            check_topic_name(name)
             topic = TopicMeta(name, self._next_topic_id)
             self._next_topic_id += 1
             self._topics[name] = topic
@@ -377,16 +388,28 @@ class RegionLog:
             self._handoff_handle = self._loop.call_soon(self._handoff)
         return fut
 
-    def stage(self, name: str, entry: Entry) -> _Batch:
-        """Assign ``entry`` its offset and ingest time; the future completes once it is durable."""
-        batch = self._pending_future
-        if batch is None:
-            batch = self._future()
+    def _check_entry(self, name: str, entry: Entry) -> int:
+        """The entry's encoded size; raises (before any offset is assigned) for an entry over
+        ``max_entry_bytes`` or one the frame cannot hold."""
         size = len(entry.payload)
         if size > self._max_entry_bytes:
             raise PayloadTooLargeError(
                 f"entry of {size} bytes for topic {name} exceeds {self._max_entry_bytes}"
             )
+        try:
+            return entry_size(entry)
+        except InvalidEntryError as exc:
+            raise InvalidEntryError(f"entry for topic {name} cannot be stored: {exc}") from None
+
+    def stage(self, name: str, entry: Entry) -> _Batch:
+        """Assign ``entry`` its offset and ingest time; the future completes once it is durable.
+
+        Raises ``PayloadTooLargeError`` or ``InvalidEntryError`` (the entry gets no offset).
+        """
+        batch = self._pending_future
+        if batch is None:
+            batch = self._future()
+        size = self._check_entry(name, entry)
         topic = self._topics.get(name)
         if topic is None:
             topic = self.ensure_topic(name)
@@ -418,18 +441,17 @@ class RegionLog:
         self._handoff()
 
     def stage_batch(self, name: str, entries: Sequence[Entry]) -> _Batch:
-        """Stage several entries of one topic; one future for all of them."""
+        """Stage several entries of one topic; one future for all of them.
+
+        All or nothing: if one entry is refused (``PayloadTooLargeError``,
+        ``InvalidEntryError``), none gets an offset.
+        """
         batch = self._future()
         if not entries:
             return batch  # an empty MESSAGES frame cannot be encoded
         total = 0
         for entry in entries:
-            size = len(entry.payload)
-            if size > self._max_entry_bytes:
-                raise PayloadTooLargeError(
-                    f"entry of {size} bytes for topic {name} exceeds {self._max_entry_bytes}"
-                )
-            total += size
+            total += self._check_entry(name, entry)
         topic = self.ensure_topic(name)
         offset = topic.next_offset
         now = self._batch_ms
@@ -473,7 +495,12 @@ class RegionLog:
     # -- sequencer (event loop side) -------------------------------------------------------
 
     def _handoff(self) -> None:
-        """Frame everything staged since the last handoff and pass it to the writer."""
+        """Frame everything staged since the last handoff and pass it to the writer.
+
+        Framing cannot fail on entries ``stage`` accepted; should it fail anyway, the log is
+        marked failed and every waiter of the chunk gets the error (an offset was assigned
+        that will never be written: nothing after it may be).
+        """
         chunk = _Chunk(self._pending_future)
         pending = self._pending
         markers = self._pending_markers
@@ -487,6 +514,23 @@ class RegionLog:
         if self._error is not None:
             self._fail_chunks([chunk], self._error)
             return
+        try:
+            self._frame_chunk(chunk, pending, markers, pending_bytes)
+        except Exception as exc:
+            log.exception("wal framing failed region=%s", self.region)
+            self._failed(exc, [chunk])
+            return
+        self._backend.submit(chunk)
+
+    def _frame_chunk(
+        self,
+        chunk: _Chunk,
+        pending: dict[TopicMeta, list[Entry]],
+        markers: list[TopicMeta],
+        pending_bytes: int,
+    ) -> None:
+        """Frame the staged entries and markers into ``chunk`` (the sequencer's bookkeeping
+        of positions, spans and registrations follows)."""
         if self._position >= self._segment_bytes or self._rotate_requested:
             self._rotate(chunk, pending)
         pieces = chunk.pieces
@@ -539,7 +583,6 @@ class RegionLog:
         chunk.seq = seq
         chunk.end = position
         self._position = position
-        self._backend.submit(chunk)
 
     def _rotate(self, chunk: _Chunk, unframed: dict[TopicMeta, list[Entry]] | None = None) -> None:
         """Seal the active segment (if any) and start the next one with ``chunk``."""
@@ -652,9 +695,10 @@ class RegionLog:
             log.warning("wal snapshot failed region=%s error=%s", self.region, exc)
 
     def _failed(self, exc: BaseException, chunks: list[_Chunk]) -> None:
+        """Mark the log failed (the first failure is kept) and fail ``chunks``' waiters."""
         if self._error is None:
             self._error = exc
-            log.error("wal write failed region=%s error=%s", self.region, exc)
+            log.error("wal failed region=%s error=%r", self.region, exc)
         self._fail_chunks(chunks, exc)
 
     def _fail_chunks(self, chunks: list[_Chunk], exc: BaseException) -> None:
@@ -750,12 +794,18 @@ class RegionLog:
 
 
 def _split(entries: list[Entry], target: int) -> list[list[Entry]]:
+    """Cut entries into groups of about ``target`` encoded bytes, none over a frame's limit."""
     groups: list[list[Entry]] = []
     group: list[Entry] = []
     size = 0
     for entry in entries:
+        esize = entry_size(entry)
+        if group and size + esize > MAX_ENTRY_BODY:
+            groups.append(group)
+            group = []
+            size = 0
         group.append(entry)
-        size += len(entry.payload)
+        size += esize
         if size >= target:
             groups.append(group)
             group = []
@@ -890,8 +940,8 @@ class _FileBackend:
             elif streaming and self._linger > 0 and not self._stopping:
                 self._linger_for_more()
             queue = self._queue
+            size = _chunk_bytes(queue[0])  # before popping: a chunk is never only held here
             group = [queue.popleft()]
-            size = _chunk_bytes(group[0])
             while queue and queue[0].rotate_to is None:
                 nxt = _chunk_bytes(queue[0])
                 if size + nxt > self._max_batch:
@@ -938,6 +988,30 @@ class _FileBackend:
             count = len(queue)
 
     def _run(self) -> None:
+        """The writer thread. Should it die of anything but a failed write (which
+        ``_write_loop`` handles the same way), every queued chunk fails and the log is marked
+        failed: no waiter hangs, and ``close`` still returns."""
+        try:
+            self._write_loop()
+        except BaseException as exc:
+            log.exception("wal writer died")
+            self._die(exc, [])
+            with contextlib.suppress(Exception):
+                self._close_active()
+
+    def _die(self, exc: BaseException, group: list[_Chunk]) -> None:
+        """Stop taking chunks; fail ``group`` and everything queued, on the event loop."""
+        wal = self._log
+        assert wal is not None
+        with self._cond:
+            rest = list(self._queue)
+            self._queue.clear()
+            self._stopping = True
+            self._failure = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            wal._loop.call_soon_threadsafe(wal._failed, exc, group + rest)
+
+    def _write_loop(self) -> None:
         log = self._log
         assert log is not None
         loop = log._loop
@@ -956,13 +1030,7 @@ class _FileBackend:
                 if self._fsync:
                     os.fdatasync(self._fd)
             except BaseException as exc:
-                with self._cond:
-                    rest = list(self._queue)
-                    self._queue.clear()
-                    self._stopping = True
-                    self._failure = exc
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(log._failed, exc, group + rest)
+                self._die(exc, group)
                 break
             # Before the group is announced: what arrives from now on may be its own appenders'
             # next appends, which waited for it, and must not count as a stream.

@@ -6,6 +6,11 @@ newest segment with no valid frame after it is a torn tail (a crash during a wri
 never acknowledged) and is truncated. Any other damage is corruption: recovery refuses to open
 and names the file and byte position. ``verify_region`` reports without changing anything;
 ``repair_region`` truncates at the first damage, moving what it cuts into ``quarantine/``.
+
+An offset gap (a topic's frame starting past the offset its previous frame ended at, both
+verifying) is not damage: those offsets were assigned and never written, so nothing in them was
+acknowledged. Recovery passes over them as over an offset jump (readers skip them), logs and
+reports them (``RegionState.gaps``); repair keeps every frame around them.
 """
 
 from __future__ import annotations
@@ -49,6 +54,25 @@ from danube_ingest.wal.segment import (
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class OffsetGap:
+    """Offsets ``[expected, found)`` of ``topic`` that are in no frame: the frame at ``position``
+    of ``path`` starts at ``found`` where the topic's previous frame ended at ``expected``."""
+
+    topic: str
+    expected: int
+    found: int
+    path: str
+    position: int
+
+    def __str__(self) -> str:
+        return (
+            f"offset gap in topic {self.topic}: offsets {self.expected}..{self.found - 1} are in "
+            f"no frame ({self.path} at byte {self.position}); never written, so never "
+            f"acknowledged; readers skip them"
+        )
+
+
 @dataclass
 class RegionState:
     """Per-topic state rebuilt from a region's snapshot and segments."""
@@ -60,6 +84,8 @@ class RegionState:
     uploaded: set[int] = field(default_factory=set)
     truncated: list[tuple[str, int, int]] = field(default_factory=list)
     """(path, position, bytes removed) for each torn tail that was cut."""
+    gaps: list[OffsetGap] = field(default_factory=list)
+    """Offset gaps passed over (see :class:`OffsetGap`)."""
     frames_scanned: int = 0
     bytes_scanned: int = 0
     used_seq: int = 0
@@ -122,8 +148,26 @@ class _Scanned:
     segment was applied."""
 
 
-def _gap(topic: TopicMeta, expected: int, found: int) -> _Inconsistent:
-    return _Inconsistent(f"offset gap in topic {topic.name}: expected {expected}, found {found}")
+def _backwards(topic: TopicMeta, expected: int, found: int) -> _Inconsistent:
+    return _Inconsistent(
+        f"offsets go back in topic {topic.name}: expected {expected}, found {found}"
+    )
+
+
+def _note_gap(state: RegionState, topic: TopicMeta, base: int, path: Path, position: int) -> None:
+    """Pass over offsets ``[topic.next_offset, base)`` (in no frame) as over an offset jump."""
+    gap = OffsetGap(topic.name, topic.next_offset, base, str(path), position)
+    state.gaps.append(gap)
+    log.warning(
+        "wal offset gap topic=%s expected=%d found=%d path=%s position=%d",
+        gap.topic,
+        gap.expected,
+        gap.found,
+        gap.path,
+        gap.position,
+    )
+    if not topic.spans and topic.first_offset == topic.next_offset:
+        topic.first_offset = base
 
 
 def _prefix_verifies(data: memoryview, position: int) -> bool:
@@ -253,11 +297,14 @@ def _scan_segment(
                 except KeyError:
                     raise _Inconsistent(f"topic id {topic_id} used before registration") from None
                 if base != topic.next_offset:
+                    if base < topic.next_offset:
+                        raise _backwards(topic, topic.next_offset, base)
                     if topic.next_offset >= 0:
-                        raise _gap(topic, topic.next_offset, base)
-                    # First frame of a topic unknown to the snapshot: its earlier segments may
-                    # have been pruned, so it need not start at offset 0.
-                    topic.next_offset = topic.first_offset = base
+                        _note_gap(state, topic, base, path, wbase + position)
+                    else:
+                        # First frame of a topic unknown to the snapshot: its earlier segments
+                        # may have been pruned, so it need not start at offset 0.
+                        topic.next_offset = topic.first_offset = base
                 # topic.note_frame(seq, at, base, count, first_ms, last_ms, interval), with its
                 # common case inlined: the frame continues the topic's span in this segment.
                 at = wbase + position
@@ -471,6 +518,8 @@ class VerifyReport:
     """topic -> (first offset, next offset) found in the segments."""
     torn_tail: tuple[str, int] | None = None
     corruption: WalCorruptionError | None = None
+    gaps: list[OffsetGap] = field(default_factory=list)
+    """Offset gaps: reported, not damage (recovery passes over them, repair keeps them)."""
 
     @property
     def ok(self) -> bool:
@@ -503,6 +552,7 @@ def verify_region(region_dir: Path, index_interval: int = 64 * 1024) -> VerifyRe
                 )
                 break
     _settle(state)
+    report.gaps = state.gaps
     report.frames = state.frames_scanned
     report.topics = {t.name: (t.first_offset, t.next_offset) for t in state.topics.values()}
     return report
@@ -510,6 +560,9 @@ def verify_region(region_dir: Path, index_interval: int = 64 * 1024) -> VerifyRe
 
 def repair_region(region_dir: Path) -> list[str]:
     """Truncate the region at its first damage; return what was moved to ``quarantine/``.
+
+    Damage is a frame that does not verify, or one that contradicts the frames before it; an
+    offset gap is not damage, so no frame is moved for it.
 
     Everything from the damaged byte on (the rest of that segment and every later segment) is
     moved, not deleted, so that it can be inspected. The snapshot is removed so the next open

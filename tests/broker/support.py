@@ -250,7 +250,7 @@ def message(producer_id: int, topic: str, payload: bytes = b"x", **fields: Any) 
         request_id=fields.pop("request_id", 1),
         msg_id=pb.MsgID(producer_id=producer_id, topic_name=topic),
         payload=payload,
-        publish_time=1,
+        publish_time=fields.pop("publish_time", 1),
         producer_name=fields.pop("producer_name", "raw"),
         **fields,
     )

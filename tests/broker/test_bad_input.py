@@ -3,8 +3,12 @@ anything behind: malformed topic names, unknown ids, limits, strategy and type m
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -12,6 +16,7 @@ from danube import SchemaType, SubType
 from danube.proto import DanubeApi_pb2 as pb
 
 from danube_ingest.broker.server import Broker
+from danube_ingest.testing import BrokerProcess
 
 from .conftest import BrokerFactory
 from .support import (
@@ -92,12 +97,20 @@ async def test_payload_and_attribute_limits_reject_without_taking_an_offset(
         topic = "/default/limits"
         producer = await clients.producer(topic)
         sub = await clients.consumer(topic, "s", "c1")
-        await producer.send(b"a" * 1000, {"k1": "v", "k2": "v"})  # exactly at both limits
+        # Exactly at both limits: the payload, attributes (6 bytes) and producer name (2)
+        # together make 1000 bytes.
+        await producer.send(b"a" * 992, {"k1": "v", "k2": "v"})
 
         with pytest.raises(grpc.aio.AioRpcError) as too_big:
             await producer.send(b"b" * 1001)
         assert too_big.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "max_payload_bytes" in (too_big.value.details() or "")
+
+        # One byte over, counting the attributes and the producer name with the payload.
+        with pytest.raises(grpc.aio.AioRpcError) as over_in_all:
+            await producer.send(b"b" * 993, {"k1": "v", "k2": "v"})
+        assert over_in_all.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "max_payload_bytes" in (over_in_all.value.details() or "")
 
         with pytest.raises(grpc.aio.AioRpcError) as too_many:
             await producer.send(b"c", {"k1": "v", "k2": "v", "k3": "v"})
@@ -113,7 +126,7 @@ async def test_payload_and_attribute_limits_reject_without_taking_an_offset(
         await producer.send(b"d")
         got = await sub.take(2)
         assert offsets(got) == [0, 1]
-        assert payloads(got) == [b"a" * 1000, b"d"]
+        assert payloads(got) == [b"a" * 992, b"d"]
         await sub.ack_all(got)
 
 
@@ -213,3 +226,127 @@ async def test_unknown_acks_and_nacks_are_ignored(clients: Clients, broker: Brok
     got = await sub.take(1)
     assert offsets(got) == [0]
     await sub.ack_all(got)
+
+
+#: Seconds a refused request may take to be answered (it must never hang).
+ANSWER = 10.0
+TOO_LONG_KEY = "k" * 70_000  # its length does not fit the WAL frame's 16-bit field
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"attributes": {TOO_LONG_KEY: "v"}},
+        {"routing_key": "r" * 70_000},
+        {"routing_key": "\u20ac" * 21_846},  # 65,538 UTF-8 bytes in 21,846 characters
+        {"attributes": {f"k{i}": "v" * 200_000 for i in range(64)}},  # 12.8 MB of attributes
+        {"producer_name": "p" * 256},
+        {"publish_time": 1 << 63},  # stored as a signed 64-bit integer
+    ],
+    ids=["attribute key", "routing key", "routing key utf-8", "attributes", "name", "time"],
+)
+async def test_message_the_log_cannot_hold_is_refused_and_takes_no_offset(
+    broker: Broker, fields: dict[str, object]
+) -> None:
+    """The requests that used to poison the WAL: refused at once, nothing stored, the offsets
+    of the messages around them contiguous."""
+    topic = "/default/poison"
+    async with raw_stubs(broker.url) as raw:
+        created = await raw.producers.CreateProducer(producer_request(topic))
+        pid = created.producer_id
+        await raw.producers.SendMessage(message(pid, topic, b"m0"))
+        error = await asyncio.wait_for(
+            rpc_error(raw.producers.SendMessage(message(pid, topic, b"bad", **fields))), ANSWER
+        )
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+        assert len(error.details() or "") < 1000
+        await asyncio.wait_for(raw.producers.SendMessage(message(pid, topic, b"m1")), ANSWER)
+    info = broker.store.info(topic)
+    assert info is not None and info.high_watermark == 2
+
+
+async def test_unknown_subscription_type_is_invalid_and_creates_nothing(
+    clients: Clients, broker: Broker, etcd_server: str, etcd_prefix: str
+) -> None:
+    await clients.producer("/default/t")
+    async with raw_stubs(broker.url) as raw:
+        request = consumer_request("/default/t")
+        request.subscription_type = 7
+        error = await rpc_error(raw.consumers.Subscribe(request))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "subscription_type 7" in (error.details() or "")
+    async with metadata(etcd_server, etcd_prefix) as records:
+        assert await records.list_subscriptions("/default/t") == []
+
+
+LONG = "n" * 10_000
+
+
+@pytest.mark.parametrize("field", ["topic", "producer", "subscription", "consumer", "utf-8"])
+async def test_overlong_names_are_invalid_with_a_short_error_text(
+    clients: Clients, broker: Broker, etcd_server: str, etcd_prefix: str, field: str
+) -> None:
+    """Names are bounded (255 UTF-8 bytes), and an error never echoes a whole long name: its
+    text travels in a gRPC header, which a 10k name overflowed (the client then saw
+    RESOURCE_EXHAUSTED and retried for ever)."""
+    topic = "/default/t"
+    await clients.producer(topic)
+    async with raw_stubs(broker.url) as raw:
+        if field == "topic":
+            call = raw.producers.CreateProducer(producer_request(f"/default/{LONG}"))
+        elif field == "producer":
+            call = raw.producers.CreateProducer(producer_request(topic, LONG))
+        elif field == "utf-8":  # 128 characters, 256 bytes
+            call = raw.producers.CreateProducer(producer_request(topic, "\u00e9" * 128))
+        elif field == "subscription":
+            call = raw.consumers.Subscribe(consumer_request(topic, LONG))
+        else:
+            call = raw.consumers.Subscribe(consumer_request(topic, "s", LONG))
+        error = await asyncio.wait_for(rpc_error(call), ANSWER)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert 0 < len(error.details() or "") < 1000
+    async with metadata(etcd_server, etcd_prefix) as records:
+        assert [c.name for c in await records.list_clients()] == ["p1"]
+        assert await records.list_subscriptions(topic) == []
+
+
+def wal_verify(data_dir: Path) -> str:
+    """``danube-ingest wal verify`` on a broker's data directory; fails unless it exits 0."""
+    done = subprocess.run(
+        [sys.executable, "-m", "danube_ingest.cli", "wal", "verify", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.slow
+async def test_poison_request_leaves_a_daemon_that_stops_verifies_and_restarts(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str
+) -> None:
+    """The issue's scenario with a real daemon: after the request that used to wedge the WAL,
+    SIGTERM stops it, ``wal verify`` is clean, and it restarts with its offsets contiguous."""
+    topic = "/default/poison"
+    broker = BrokerProcess(tmp_path / "b1", etcd_server, prefix=etcd_prefix)
+    await asyncio.to_thread(broker.start)
+    try:
+        async with raw_stubs(broker.url) as raw:
+            pid = (await raw.producers.CreateProducer(producer_request(topic))).producer_id
+            await raw.producers.SendMessage(message(pid, topic, b"m0"))
+            poison = message(pid, topic, b"bad", attributes={TOO_LONG_KEY: "v"})
+            error = await asyncio.wait_for(rpc_error(raw.producers.SendMessage(poison)), ANSWER)
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            await asyncio.wait_for(raw.producers.SendMessage(message(pid, topic, b"m1")), ANSWER)
+        await asyncio.to_thread(broker.stop)  # raises if SIGTERM does not stop it in 30 s
+        assert f"topic {topic}: offsets 0..1" in wal_verify(broker.data_dir)
+
+        await asyncio.to_thread(broker.start)
+        async with raw_stubs(broker.url) as raw:
+            await asyncio.wait_for(raw.producers.SendMessage(message(pid, topic, b"m2")), ANSWER)
+        await asyncio.to_thread(broker.stop)
+        report = wal_verify(broker.data_dir)
+        assert f"topic {topic}: offsets 0..2" in report and "gap" not in report
+    finally:
+        broker.kill()

@@ -14,6 +14,7 @@ from danube_ingest.cli import main
 from danube_ingest.store import TopicStore
 from danube_ingest.testing import free_port
 from danube_ingest.wal import Entry
+from danube_ingest.wal.framing import checkpoint_frame, messages_frame, topic_frame
 from danube_ingest.wal.segment import list_segments, segment_path
 
 
@@ -117,3 +118,31 @@ def test_repair_refuses_a_wal_in_use(
     finally:
         broker.terminate()
         broker.wait(30)
+
+
+def test_offset_gap_is_listed_not_corrupt_and_repair_keeps_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the old poisoned WAL looked like: offsets 2..4 in no frame, frames after them."""
+    region = tmp_path / "wal" / "r0"
+    region.mkdir(parents=True)
+    segment = segment_path(region, 0)
+    segment.write_bytes(
+        b"".join(
+            [
+                checkpoint_frame(0, 0, "r0"),
+                topic_frame(1, "/default/cli"),
+                *messages_frame(1, 0, [Entry(b"0"), Entry(b"1")]),
+                *messages_frame(1, 5, [Entry(b"5")]),
+            ]
+        )
+    )
+    before = segment.read_bytes()
+
+    assert main(["wal", "verify", "--wal-dir", str(tmp_path / "wal")]) == 0
+    out = capsys.readouterr().out
+    assert "gap (kept, not damage): offset gap in topic /default/cli: offsets 2..4" in out
+    assert "CORRUPT" not in out
+    assert main(["wal", "repair", "--wal-dir", str(tmp_path / "wal"), "--yes"]) == 0
+    assert "intact (1 offset gaps kept: not damage)" in capsys.readouterr().out
+    assert segment.read_bytes() == before and not (region / "quarantine").exists()
