@@ -7,8 +7,9 @@ cursor. The test stops the real etcd server process under a live producer and co
 restarts it on the same data dir and port, and checks that the same consumer object receives
 every acknowledged message without being re-subscribed.
 
-``DANUBE_TEST_ETCD_OUTAGE`` sets the outage in seconds (the issue's figure is 30) and
-``DANUBE_TEST_LEASE_TTL`` the broker's lease TTL (default 2). The default outage, 17 s, is longer
+``DANUBE_TEST_ETCD_OUTAGE`` sets the outages in seconds, comma-separated (default ``17,30``: 30 s
+is the outage the defect was reported with) and ``DANUBE_TEST_LEASE_TTL`` the broker's lease TTL
+(default 2). The 17 s outage is longer
 than the lease plus danube-client's 5 s health-check interval (so a health check always falls in
 the time the broker owns nothing), and ends between two of gRPC's default reconnect attempts
 (~15.8 and ~26.3 s after etcd went away), where a broker that kept gRPC's default backoff would
@@ -33,7 +34,7 @@ from .support import Clients
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 
 TOPIC = "/default/outage"
-OUTAGE = float(os.environ.get("DANUBE_TEST_ETCD_OUTAGE", "17"))
+OUTAGES = [float(s) for s in os.environ.get("DANUBE_TEST_ETCD_OUTAGE", "17,30").split(",")]
 #: The broker's lease TTL: the outage must outlast it, so the broker really loses its topics.
 LEASE_TTL = int(os.environ.get("DANUBE_TEST_LEASE_TTL", "2"))
 #: Seconds from etcd answering again to the first acknowledged publish and the first delivery:
@@ -43,8 +44,11 @@ RECOVERY_BOUND = 5.0
 AFTER = 50
 
 
-async def test_consumer_keeps_receiving_across_an_etcd_outage(tmp_path: Path) -> None:
-    assert OUTAGE > LEASE_TTL, "the outage must outlast the broker's lease"
+@pytest.mark.parametrize("outage", OUTAGES)
+async def test_consumer_keeps_receiving_across_an_etcd_outage(
+    tmp_path: Path, outage: float
+) -> None:
+    assert outage > LEASE_TTL, "the outage must outlast the broker's lease"
     async with (
         LocalEtcd() as etcd,
         running_broker(
@@ -99,7 +103,7 @@ async def test_consumer_keeps_receiving_across_an_etcd_outage(tmp_path: Path) ->
         try:
             await _until(lambda: len(received) >= 20, "deliveries before the outage", 10)
             await asyncio.to_thread(etcd.server.stop)
-            await asyncio.sleep(OUTAGE)
+            await asyncio.sleep(outage)
             await asyncio.to_thread(etcd.server.start)
             await asyncio.to_thread(etcd.server.wait_healthy)
             restarted.append(time.monotonic())
@@ -120,7 +124,7 @@ async def test_consumer_keeps_receiving_across_an_etcd_outage(tmp_path: Path) ->
         assert sub.consumer._tasks == receive_loops
         assert not any(task.done() for task in receive_loops), "the receive loop ended"
         print(
-            f"etcd down {OUTAGE:.0f}s (lease {LEASE_TTL}s): {len(acked)} messages acknowledged, "
+            f"etcd down {outage:.0f}s (lease {LEASE_TTL}s): {len(acked)} messages acknowledged, "
             f"{len(received)} deliveries ({len(received) - len(set(received))} redelivered); "
             f"etcd back -> first acknowledged publish {first_ack_after[0]:.2f}s, "
             f"-> first delivery {first_delivery_after[0]:.2f}s"
