@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from danube_ingest.errors import DanubeIngestError
-from danube_ingest.metadata.server import port_in_use
+from danube_ingest.metadata.server import log_tail, port_in_use
 
 log = logging.getLogger(__name__)
 
@@ -153,11 +153,7 @@ class DagsterUI:
 
     def log_tail(self, lines: int = 20) -> str:
         """The last ``lines`` lines of the UI's log."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM (``dagster dev`` stops its webserver, daemon and code servers), then kill the

