@@ -39,8 +39,24 @@ def _decode(cls: type[Any], data: bytes, key: str) -> Any:
         raise MetadataError(f"malformed {cls.__name__} at {key}: {exc}") from exc
 
 
+class _Record:
+    """A record stored as compact JSON with sorted keys (always the same bytes); fields a newer
+    version added are ignored when read."""
+
+    __slots__ = ()
+
+    def encode(self) -> bytes:
+        return _encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes, key: str) -> Self:
+        """Parse a stored record; ``MetadataError`` naming ``key`` if malformed."""
+        record: Self = _decode(cls, data, key)
+        return record
+
+
 @dataclass(frozen=True, slots=True)
-class TableRecord:
+class TableRecord(_Record):
     """``table``: the table of one topic."""
 
     width_s: int
@@ -54,17 +70,9 @@ class TableRecord:
     and published; the partition at ``upper_ms`` is not. Never decreases."""
     created_ms: int
 
-    def encode(self) -> bytes:
-        return _encode(self)
-
-    @classmethod
-    def decode(cls, data: bytes, key: str) -> Self:
-        record: Self = _decode(cls, data, key)
-        return record
-
 
 @dataclass(frozen=True, slots=True)
-class RenditionRecord:
+class RenditionRecord(_Record):
     """``renditions/{r}``: one conversion of the table (a converter version + schema decoding)."""
 
     converter_version: str
@@ -78,14 +86,6 @@ class RenditionRecord:
     published. Never decreases."""
     holds: int = 0
     """Bumped by each new reader hold, so a collection racing a new hold fails its CAS."""
-
-    def encode(self) -> bytes:
-        return _encode(self)
-
-    @classmethod
-    def decode(cls, data: bytes, key: str) -> Self:
-        record: Self = _decode(cls, data, key)
-        return record
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +103,7 @@ class CommittedFile:
 
 
 @dataclass(frozen=True, slots=True)
-class PartitionCommit:
+class PartitionCommit(_Record):
     """``renditions/{r}/parts/{start_ms:020}``: a partition committed exactly once."""
 
     start_ms: int
@@ -128,17 +128,9 @@ class PartitionCommit:
         files = [f if isinstance(f, CommittedFile) else CommittedFile(**f) for f in self.files]
         object.__setattr__(self, "files", files)
 
-    def encode(self) -> bytes:
-        return _encode(self)
-
-    @classmethod
-    def decode(cls, data: bytes, key: str) -> Self:
-        record: Self = _decode(cls, data, key)
-        return record
-
 
 @dataclass(frozen=True, slots=True)
-class RunIntent:
+class RunIntent(_Record):
     """``intents/{token}``: a conversion run at work; it lives under the run's lease."""
 
     rendition: str
@@ -147,31 +139,15 @@ class RunIntent:
     input_revision: int
     created_ms: int
 
-    def encode(self) -> bytes:
-        return _encode(self)
-
-    @classmethod
-    def decode(cls, data: bytes, key: str) -> Self:
-        record: Self = _decode(cls, data, key)
-        return record
-
 
 @dataclass(frozen=True, slots=True)
-class HoldRecord:
+class HoldRecord(_Record):
     """``holds/{id}``: a reader reads ``rendition``; it lives under the reader's lease."""
 
     rendition: str
     created_ms: int
     holder: str = field(default="")
     """Free text for operators (host, pid, job)."""
-
-    def encode(self) -> bytes:
-        return _encode(self)
-
-    @classmethod
-    def decode(cls, data: bytes, key: str) -> Self:
-        record: Self = _decode(cls, data, key)
-        return record
 
 
 class TableKeys:
