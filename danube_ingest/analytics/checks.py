@@ -86,28 +86,34 @@ async def topics_with_manifest(kv: KV, keys: Keys) -> list[str]:
 
 
 async def pending_hours(kv: KV, keys: Keys, topic: str) -> list[int]:
-    """Starts of the hours of ``topic`` whose partitions are all complete and not all committed
-    (in the active rendition), oldest first.
+    """Starts of the hours of ``topic`` that are complete (the topic clock passed their end)
+    and hold a partition the active rendition has not committed, oldest first.
 
     Without a table (or an active rendition) every complete hour from the topic's first ingest
     time is pending: the first conversion creates the table, hourly unless created otherwise.
     """
-    table = await read_table(kv, keys, topic)
-    width_s = DEFAULT_WIDTH_S if table is None else table.width_s
-    upper_ms: int | None = None
-    if table is not None and table.active is not None:
-        rendition = await read_rendition(kv, keys, topic, table.active)
-        upper_ms = max(table.since_ms, 0 if rendition is None else rendition.upper_ms)
     plan_input = await read_plan_input(kv, keys, topic)
-    partitions = complete_partitions(
-        plan_input.clock, plan_input.ranges, width_s=width_s, upper_ms=upper_ms
-    )
-    width_ms = width_s * 1000
-    # An hour is complete once its last partition is; partitions come from the frontier on,
-    # so every complete hour that holds a listed partition has something uncommitted.
-    hours = {partition_start(p.start_ms, DEFAULT_WIDTH_S) for p in partitions}
-    complete = {p.start_ms for p in partitions}
-    return sorted(h for h in hours if h + HOUR_MS - width_ms in complete)
+    clock = plan_input.clock
+    if clock is None:
+        return []
+    table = await read_table(kv, keys, topic)
+    width_s, upper_ms = DEFAULT_WIDTH_S, None
+    committed: set[int] = set()
+    if table is not None:
+        width_s, upper_ms = table.width_s, table.since_ms
+        if table.active is not None:
+            rendition = await read_rendition(kv, keys, topic, table.active)
+            if rendition is not None:
+                upper_ms = max(rendition.upper_ms, table.since_ms)
+            prefix = TableKeys(keys, topic).parts_prefix(table.active)
+            committed = {int(e.key[len(prefix) :]) for e in await kv.get_prefix(prefix)}
+    partitions = complete_partitions(clock, plan_input.ranges, width_s=width_s, upper_ms=upper_ms)
+    hours = {
+        partition_start(p.start_ms, DEFAULT_WIDTH_S)
+        for p in partitions
+        if p.start_ms not in committed
+    }
+    return sorted(h for h in hours if clock.complete(h + HOUR_MS))
 
 
 async def committed_parts(

@@ -53,6 +53,19 @@ async def test_pending_hours_are_complete_and_uncommitted(
     assert await pending_hours(etcd_kv, keys, TOPIC) == []
 
 
+async def test_a_minute_table_shows_an_hour_once_all_its_partitions_are_complete(
+    etcd_kv: EtcdKV, keys: Keys, store: ObjectStore
+) -> None:
+    """A 10-minute table: its first hour is pending until all six partitions are committed,
+    and the second, with three of its six partitions complete, is not pending yet."""
+    await publish_topic(etcd_kv, keys, hours=1, extra_ms=HOUR // 2)
+    await convert(etcd_kv, keys, store, [H0, H0 + 600_000, H0 + 1_200_000], width_s=600)
+    assert await pending_hours(etcd_kv, keys, TOPIC) == [H0]
+    done = await convert(etcd_kv, keys, store, width_s=600)
+    assert [d[0] for d in done] == [H0 + i * 600_000 for i in range(3, 9)]
+    assert await pending_hours(etcd_kv, keys, TOPIC) == []
+
+
 async def test_checks_pass_on_a_sound_table(
     etcd_kv: EtcdKV, keys: Keys, store: ObjectStore
 ) -> None:

@@ -65,12 +65,18 @@ async def ensure_table(kv: KV, keys: Keys, topic: str, width_s: int) -> str:
 
 
 async def convert(
-    kv: KV, keys: Keys, store: ObjectStore, starts: Sequence[int] | None = None
+    kv: KV,
+    keys: Keys,
+    store: ObjectStore,
+    starts: Sequence[int] | None = None,
+    *,
+    width_s: int = 3600,
 ) -> list[tuple[int, int, int, int, list[str]]]:
-    """Convert the complete partitions of ``starts`` (None: all complete ones) of TOPIC with
+    """Convert the complete partitions of ``starts`` (None: all complete ones) of TOPIC (its
+    table created ``width_s`` wide if absent) with
     the run protocol; ``(start, rows, first, last, final paths)`` of each partition as
     committed."""
-    rendition = await ensure_table(kv, keys, TOPIC, 3600)
+    rendition = await ensure_table(kv, keys, TOPIC, width_s)
     plan = await plan_run(kv, keys, TOPIC, rendition)
     chosen = [p for p in plan.partitions if starts is None or p.start_ms in starts]
     done = []
