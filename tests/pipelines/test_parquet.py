@@ -133,6 +133,35 @@ async def test_materializing_partitions_converts_exactly_them_through_pipes(
     assert [c.start_ms for c in commits] == [H0 + HOUR]
 
 
+async def test_an_hour_left_uncommitted_fails_the_run_naming_it(
+    etcd_kv: EtcdKV, etcd_server: str, keys: Keys, instance: DagsterInstance, tmp_path: Path
+) -> None:
+    """The clock is half-way through the second hour: asking for it converts nothing there,
+    and the run fails saying which hour and why, instead of reporting it materialized."""
+    await publish_topic(etcd_kv, keys, hours=1, extra_ms=HOUR // 2)
+    instance.add_dynamic_partitions(topics_partitions.name, [TOPIC])
+    key = str(partition_key(TOPIC, H0 + HOUR))
+
+    def run() -> str:
+        result = materialize(
+            [parquet_partitions],
+            instance=instance,
+            resources=_resources(etcd_server, keys, tmp_path),
+            partition_key=key,
+            raise_on_error=False,
+        )
+        assert not result.success
+        assert result.asset_materializations_for_node("parquet_partitions") == []
+        (failure,) = [e for e in result.all_events if e.is_step_failure]
+        return str(failure.step_failure_data.error)  # type: ignore[union-attr]
+
+    error = await asyncio.to_thread(run)
+    assert f"uncommitted: {TOPIC} 2026-11-23-11:00" in error, error
+    assert "topic clock past their end" in error, error
+    _, commits = await committed_parts(etcd_kv, keys, TOPIC)
+    assert commits == []
+
+
 def _wait_for_runs(instance: DagsterInstance, backfill_id: str, timeout: float) -> list[object]:
     deadline = time.monotonic() + timeout
     while True:
