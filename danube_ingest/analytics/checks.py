@@ -9,7 +9,8 @@ Scheduling:
 * :func:`topics_with_manifest` - the reliable topics that have objects in the manifest: the
   topics a table can be made of.
 * :func:`pending_hours` - hours whose every partition is complete (the topic clock passed the
-  hour's end) and at least one of them is not committed yet. Read from etcd at the call; a
+  hour's end) and at least one of them is not committed yet (``convert.pending_partitions``
+  grouped by hour). Read from etcd at the call; a
   caller that starts a run on an hour must still expect the run to find it committed.
 
 Checks (each returns :class:`CheckFinding`\\ s, empty when the table is sound; they read etcd and
@@ -33,11 +34,12 @@ from dataclasses import dataclass
 import crc32c
 import pyarrow.parquet as pq
 
+from danube_ingest.analytics.convert import pending_partitions
 from danube_ingest.analytics.layout import DEFAULT_WIDTH_S, partition_start
-from danube_ingest.analytics.plan import complete_partitions, read_plan_input
 from danube_ingest.analytics.records import PartitionCommit, TableKeys, TableRecord
-from danube_ingest.analytics.renditions import read_rendition, read_table
+from danube_ingest.analytics.renditions import read_table
 from danube_ingest.errors import ObjectNotFoundError
+from danube_ingest.metadata.clock import read_clock
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
@@ -92,27 +94,12 @@ async def pending_hours(kv: KV, keys: Keys, topic: str) -> list[int]:
     Without a table (or an active rendition) every complete hour from the topic's first ingest
     time is pending: the first conversion creates the table, hourly unless created otherwise.
     """
-    plan_input = await read_plan_input(kv, keys, topic)
-    clock = plan_input.clock
+    starts = await pending_partitions(kv, keys, topic)
+    # Read after the partitions: the clock never moves back, so an hour it shows complete is.
+    clock = await read_clock(kv, keys, topic) if starts else None
     if clock is None:
         return []
-    table = await read_table(kv, keys, topic)
-    width_s, upper_ms = DEFAULT_WIDTH_S, None
-    committed: set[int] = set()
-    if table is not None:
-        width_s, upper_ms = table.width_s, table.since_ms
-        if table.active is not None:
-            rendition = await read_rendition(kv, keys, topic, table.active)
-            if rendition is not None:
-                upper_ms = max(rendition.upper_ms, table.since_ms)
-            prefix = TableKeys(keys, topic).parts_prefix(table.active)
-            committed = {int(e.key[len(prefix) :]) for e in await kv.get_prefix(prefix)}
-    partitions = complete_partitions(clock, plan_input.ranges, width_s=width_s, upper_ms=upper_ms)
-    hours = {
-        partition_start(p.start_ms, DEFAULT_WIDTH_S)
-        for p in partitions
-        if p.start_ms not in committed
-    }
+    hours = {partition_start(start, DEFAULT_WIDTH_S) for start in starts}
     return sorted(h for h in hours if clock.complete(h + HOUR_MS))
 
 
