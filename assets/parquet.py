@@ -51,6 +51,9 @@ from dagster import (
     sensor,
 )
 
+# Not exported by `dagster` (1.13): what PipesSubprocessClient raises when the program fails.
+from dagster._core.errors import DagsterPipesExecutionError
+
 from danube_ingest.analytics.checks import (
     HOUR_MS,
     CheckFinding,
@@ -145,9 +148,18 @@ def parquet_partitions(
         width_s = _run_etcd(etcd, partial(_width_s, topic=topic))
         starts = [h + i * width_s * 1000 for h in hours for i in range(3600 // width_s)]
         context.log.info(f"converting topic={topic} hours={len(hours)} partitions={len(starts)}")
-        completed = pipes_subprocess_client.run(
-            context=context, command=convert_job.command(topic, starts), env=env
-        )
+        try:
+            completed = pipes_subprocess_client.run(
+                context=context, command=convert_job.command(topic, starts), env=env
+            )
+        except DagsterPipesExecutionError as exc:
+            shown = ", ".join(hour_key(h) for h in hours)
+            raise Failure(
+                f"the conversion program failed for topic {topic}, hours {shown} ({exc}); its "
+                "error is in this step's stderr (e.g. an hour not complete yet, or an object "
+                "missing or damaged); partitions it committed before failing stay committed",
+                allow_retries=True,
+            ) from exc
         reported += len(completed.get_results())
     rows: list[tuple[str, str, int, int, int, int]] = []
     missing: list[str] = []

@@ -55,7 +55,7 @@ defs = Definitions(
     resources={
         "etcd": EtcdResource.from_env(),
         "objects": ObjectStoreResource.from_env(),
-        "convert_job": ConvertJobResource.from_env(),
+        "convert_job": ConvertJobResource(),
         "pipes_subprocess_client": PipesSubprocessClient(),
     },
 )

@@ -57,9 +57,6 @@ CONFIG_ENV = "DANUBE_INGEST_CONFIG"
 #: Overrides ``broker.data_dir`` of that YAML (``danube-ingest dev --data-dir`` sets it), which
 #: places the fs objects at ``{data_dir}/objects`` unless ``storage.cloud.root`` says otherwise.
 DATA_DIR_ENV = "DANUBE_INGEST_DATA_DIR"
-#: The module run as the conversion program (default ``danube_ingest.analytics.job``): a
-#: deployment may point it at a wrapper of its own (the tests point it at a stand-in).
-CONVERT_MODULE_ENV = "DANUBE_INGEST_CONVERT_MODULE"
 
 
 class ObjectStoreResource(ConfigurableResource):  # type: ignore[type-arg]
@@ -116,11 +113,6 @@ class ConvertJobResource(ConfigurableResource):  # type: ignore[type-arg]
     module: str = "danube_ingest.analytics.job"
     extra_args: list[str] = []
     """Appended to the command (``--width-s 60`` ...)."""
-
-    @classmethod
-    def from_env(cls) -> "ConvertJobResource":
-        """The module from ``DANUBE_INGEST_CONVERT_MODULE``, else the default."""
-        return cls(module=os.environ.get(CONVERT_MODULE_ENV, cls.model_fields["module"].default))
 
     def command(self, topic: str, starts_ms: list[int]) -> list[str]:
         """The command converting ``topic``'s partitions starting at ``starts_ms``."""

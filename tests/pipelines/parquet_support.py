@@ -6,6 +6,9 @@ entries and clock in etcd, and conversions committed with the library's own run 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
+
+import crc32c
 
 from danube_ingest.analytics import layout
 from danube_ingest.analytics.commit import advance_frontier, begin, commit_partition
@@ -19,8 +22,11 @@ from danube_ingest.analytics.renditions import (
 )
 from danube_ingest.metadata import KV, Keys
 from danube_ingest.metadata.clock import TopicClock
+from danube_ingest.metadata.manifest import ObjectRange
 from danube_ingest.metadata.records import Records, TopicRecord
+from danube_ingest.objects.binfmt import BinWriter
 from danube_ingest.objects.store import ObjectStore
+from danube_ingest.wal.framing import Entry
 from tests.analytics.tables_support import SCHEMA, object_range, rows
 
 TOPIC = "/default/orders"
@@ -37,13 +43,53 @@ def ingest_ms(offset: int) -> int:
     return H0 + offset * 6_000
 
 
-async def publish_topic(kv: KV, keys: Keys, hours: int = 3, *, extra_ms: int = 0) -> None:
+def payload(offset: int) -> bytes:
+    """The payload of ``offset`` in the real objects."""
+    return f"order-{offset}".encode()
+
+
+async def _write_object(store: ObjectStore, start: int, end: int) -> ObjectRange:
+    """A real ``.bin`` topic object holding offsets ``[start, end)``, and its manifest entry."""
+    entries = []
+    for offset in range(start, end):
+        entry = Entry(payload(offset), producer_name="p", publish_ms=ingest_ms(offset) - 5)
+        entry.offset, entry.ingest_ms = offset, ingest_ms(offset)
+        entries.append(entry)
+    writer = BinWriter("zstd", frame_target_bytes=4096)
+    writer.add_entries(TOPIC, entries)
+    data = writer.finish()
+    span = writer.footer.topics[TOPIC]
+    key = f"topics/default/orders/{start:020d}.bin"
+    await store.put(key, data)
+    return replace(
+        object_range(start, end, ingest_ms),
+        object_key=key,
+        byte_start=span.position,
+        byte_length=span.length,
+        object_size=len(data),
+        object_crc=crc32c.crc32c(data),
+        kind="topic",
+    )
+
+
+async def publish_topic(
+    kv: KV,
+    keys: Keys,
+    hours: int = 3,
+    *,
+    extra_ms: int = 0,
+    objects: ObjectStore | None = None,
+) -> None:
     """The topic record, ``hours`` hours of manifest ranges (two per hour) and a clock at the
-    end of the last one plus ``extra_ms``."""
+    end of the last one plus ``extra_ms``; with ``objects``, the ranges' real ``.bin``
+    objects written there (else the manifest names objects that do not exist)."""
     await Records(kv, keys).create_topic_if_absent(TopicRecord(TOPIC))
     step = PER_HOUR // 2
     for start in range(0, hours * PER_HOUR, step):
-        entry = object_range(start, start + step, ingest_ms)
+        if objects is None:
+            entry = object_range(start, start + step, ingest_ms)
+        else:
+            entry = await _write_object(objects, start, start + step)
         await kv.put(keys.storage_object(TOPIC, start), entry.encode())
     end = hours * PER_HOUR
     clock = TopicClock(offset=end, ingest_ms=H0 + hours * HOUR + extra_ms, broker="b1", epoch=1)

@@ -1,6 +1,7 @@
 """The Parquet layer in real Dagster against a real etcd: the sensor adds topics and requests
-complete hours, the asset converts exactly its partitions through Pipes (a child process with
-the Spark program's command line), a backfill launched through GraphQL as the UI launches it runs
+complete hours, the asset converts exactly its partitions with the real program
+(danube_ingest.analytics.job) launched through Pipes (``--engine local`` where Spark is not
+the point, Spark where marked), a backfill launched through GraphQL as the UI launches it runs
 as ONE run, and the asset checks fail on a deleted Parquet file."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from dagster import (
     AssetSelection,
@@ -41,16 +44,15 @@ from assets.parquet import (
     partition_key,
     topics_partitions,
 )
-from danube_ingest.analytics.checks import committed_parts
+from danube_ingest.analytics.checks import check_files, check_rows, committed_parts
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.objects.store import ObjectStore
 from pipelines.resources import ConvertJobResource, EtcdResource, ObjectStoreResource
-from tests.pipelines.parquet_support import H0, HOUR, TOPIC, convert, publish_topic
+from tests.pipelines.parquet_support import H0, HOUR, TOPIC, convert, payload, publish_topic
 
 pytestmark = [pytest.mark.etcd, pytest.mark.dagster]
 
 ROOT = Path(__file__).resolve().parents[2]
-CHILD = "tests.pipelines.convert_child"
 DEFAULT_COORDINATOR = {
     "module": "dagster._core.run_coordinator",
     "class": "DefaultRunCoordinator",
@@ -67,7 +69,8 @@ def _resources(etcd_server: str, keys: Keys, data_dir: Path) -> dict[str, object
     return {
         "etcd": EtcdResource(endpoints=etcd_server, prefix=keys.prefix),
         "objects": ObjectStoreResource(data_dir=str(data_dir)),
-        "convert_job": ConvertJobResource(module=CHILD),
+        # The real program in this process only (no Spark: fast); Spark in the tests that say so.
+        "convert_job": ConvertJobResource(extra_args=["--engine", "local"]),
         "pipes_subprocess_client": PipesSubprocessClient(),
     }
 
@@ -104,7 +107,9 @@ async def test_sensor_adds_topics_and_requests_each_complete_hour_once(
 async def test_materializing_partitions_converts_exactly_them_through_pipes(
     etcd_kv: EtcdKV, etcd_server: str, keys: Keys, instance: DagsterInstance, tmp_path: Path
 ) -> None:
-    await publish_topic(etcd_kv, keys, hours=3)
+    objects = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    await publish_topic(etcd_kv, keys, hours=3, objects=objects)
+    await objects.close()
     instance.add_dynamic_partitions(topics_partitions.name, [TOPIC])
     resources = _resources(etcd_server, keys, tmp_path)
 
@@ -133,12 +138,57 @@ async def test_materializing_partitions_converts_exactly_them_through_pipes(
     assert [c.start_ms for c in commits] == [H0 + HOUR]
 
 
-async def test_an_hour_left_uncommitted_fails_the_run_naming_it(
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_the_spark_program_converts_an_hour_through_pipes(
     etcd_kv: EtcdKV, etcd_server: str, keys: Keys, instance: DagsterInstance, tmp_path: Path
 ) -> None:
-    """The clock is half-way through the second hour: asking for it converts nothing there,
-    and the run fails saying which hour and why, instead of reporting it materialized."""
-    await publish_topic(etcd_kv, keys, hours=1, extra_ms=HOUR // 2)
+    """The real program (danube_ingest.analytics.job, Spark engine) launched by the asset: the
+    hour's rows are the objects' entries, read back from the Parquet with pyarrow."""
+    objects = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    await publish_topic(etcd_kv, keys, hours=2, objects=objects)
+    instance.add_dynamic_partitions(topics_partitions.name, [TOPIC])
+    resources = {**_resources(etcd_server, keys, tmp_path), "convert_job": ConvertJobResource()}
+
+    def run() -> dict[str, object]:
+        result = materialize(
+            [parquet_partitions],
+            instance=instance,
+            resources=resources,
+            partition_key=str(partition_key(TOPIC, H0 + HOUR)),
+        )
+        assert result.success
+        (materialization,) = result.asset_materializations_for_node("parquet_partitions")
+        return {k: v.value for k, v in materialization.metadata.items()}
+
+    metadata = await asyncio.to_thread(run)
+    assert {k: metadata[k] for k in ("rows", "first_offset", "last_offset", "files")} == {
+        "rows": 600,
+        "first_offset": 600,
+        "last_offset": 1199,
+        "files": 1,
+    }
+    assert metadata["pipes_reports"] == 1
+    _, commits = await committed_parts(etcd_kv, keys, TOPIC)
+    assert [c.start_ms for c in commits] == [H0 + HOUR]
+    (file,) = commits[0].files
+    table = pq.read_table(pa.BufferReader(await objects.get(file.path)))
+    assert table.column("offset").to_pylist() == list(range(600, 1200))
+    assert table.column("payload").to_pylist() == [payload(o) for o in range(600, 1200)]
+    assert await check_files(etcd_kv, keys, objects, TOPIC) == []
+    assert await check_rows(etcd_kv, keys, objects, TOPIC) == []
+    await objects.close()
+
+
+async def test_an_hour_not_complete_fails_the_run_naming_it(
+    etcd_kv: EtcdKV, etcd_server: str, keys: Keys, instance: DagsterInstance, tmp_path: Path
+) -> None:
+    """The clock is half-way through the second hour: the program refuses it, and the run fails
+    naming the topic and hour and where the program's error is, with nothing committed."""
+    objects = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    await publish_topic(etcd_kv, keys, hours=1, extra_ms=HOUR // 2, objects=objects)
+    await objects.close()
     instance.add_dynamic_partitions(topics_partitions.name, [TOPIC])
     key = str(partition_key(TOPIC, H0 + HOUR))
 
@@ -156,8 +206,8 @@ async def test_an_hour_left_uncommitted_fails_the_run_naming_it(
         return str(failure.step_failure_data.error)  # type: ignore[union-attr]
 
     error = await asyncio.to_thread(run)
-    assert f"uncommitted: {TOPIC} 2026-11-23-11:00" in error, error
-    assert "topic clock past their end" in error, error
+    assert f"failed for topic {TOPIC}, hours 2026-11-23-11:00" in error, error
+    assert "error is in this step's stderr" in error, error
     _, commits = await committed_parts(etcd_kv, keys, TOPIC)
     assert commits == []
 
@@ -172,6 +222,7 @@ def _wait_for_runs(instance: DagsterInstance, backfill_id: str, timeout: float) 
         time.sleep(0.5)
 
 
+@pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_a_backfill_from_the_ui_runs_as_one_run(
@@ -182,13 +233,15 @@ async def test_a_backfill_from_the_ui_runs_as_one_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """launchPartitionBackfill (the UI's mutation) over three hours of a topic, then the
-    backfill daemon's iterations: ONE run, tagged with the range that covers all three."""
-    await publish_topic(etcd_kv, keys, hours=3)
+    backfill daemon's iterations: ONE run (one Spark program: the location's default
+    resources), tagged with the range that covers all three, committing all three."""
+    objects = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    await publish_topic(etcd_kv, keys, hours=3, objects=objects)
+    await objects.close()
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("DANUBE_INGEST_ETCD_ENDPOINTS", etcd_server)
     monkeypatch.setenv("DANUBE_INGEST_ETCD_PREFIX", keys.prefix)
     monkeypatch.setenv("DANUBE_INGEST_DATA_DIR", str(tmp_path))
-    monkeypatch.setenv("DANUBE_INGEST_CONVERT_MODULE", CHILD)
     hours = [str(partition_key(TOPIC, H0 + i * HOUR)) for i in range(3)]
 
     def backfill() -> tuple[list[object], str]:
