@@ -2,7 +2,7 @@
 complete hours, the asset converts exactly its partitions with the real program
 (danube_ingest.analytics.job) launched through Pipes (``--engine local`` where Spark is not
 the point, Spark where marked), a backfill launched through GraphQL as the UI launches it runs
-as ONE run, and the asset checks fail on a deleted Parquet file."""
+as ONE run, and the asset checks fail on a deleted or truncated Parquet file."""
 
 from __future__ import annotations
 
@@ -288,8 +288,14 @@ async def test_a_backfill_from_the_ui_runs_as_one_run(
     assert [(c.start_ms, c.rows) for c in commits] == [(H0 + i * HOUR, 600) for i in range(3)]
 
 
-async def test_asset_checks_pass_then_fail_on_a_deleted_file(
-    etcd_kv: EtcdKV, etcd_server: str, keys: Keys, instance: DagsterInstance, tmp_path: Path
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+async def test_asset_checks_pass_then_fail_on_a_damaged_file(
+    etcd_kv: EtcdKV,
+    etcd_server: str,
+    keys: Keys,
+    instance: DagsterInstance,
+    tmp_path: Path,
+    damage: str,
 ) -> None:
     await publish_topic(etcd_kv, keys, hours=2)
     store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
@@ -308,7 +314,11 @@ async def test_asset_checks_pass_then_fail_on_a_deleted_file(
 
     names = {"rows_match_offsets", "frontier_contiguous", "files_intact"}
     assert await asyncio.to_thread(run_checks) == dict.fromkeys(names, True)
-    await store.delete(done[1][4][0])
+    path = done[1][4][0]
+    if damage == "deleted":
+        await store.delete(path)
+    else:
+        await store.put(path, (await store.get(path))[:-100])
     await store.close()
     assert await asyncio.to_thread(run_checks) == {
         "rows_match_offsets": False,
