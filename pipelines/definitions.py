@@ -6,12 +6,19 @@ from dagster import (
     AssetSelection,
     DefaultScheduleStatus,
     Definitions,
+    PipesSubprocessClient,
     ScheduleDefinition,
     define_asset_job,
 )
 
-from assets import wal_prune_marks
-from pipelines.resources import EtcdResource
+from assets import (
+    parquet_checks,
+    parquet_job,
+    parquet_partitions,
+    parquet_topics_sensor,
+    wal_prune_marks,
+)
+from pipelines.resources import ConvertJobResource, EtcdResource, ObjectStoreResource
 
 prune_marks_job = define_asset_job(
     "prune_marks", selection=AssetSelection.assets(wal_prune_marks), tags={"kind": "wal"}
@@ -25,9 +32,30 @@ prune_marks_schedule = ScheduleDefinition(
     default_status=DefaultScheduleStatus.RUNNING,
 )
 
+parquet_checks_job = define_asset_job(
+    "parquet_checks",
+    selection=AssetSelection.checks(*parquet_checks),
+    tags={"kind": "analytics"},
+)
+
+#: Hourly, a little after the hour's conversions: the checks read every committed file (CRC32C
+#: up to 64 MiB each), which is not worth doing on every run.
+parquet_checks_schedule = ScheduleDefinition(
+    job=parquet_checks_job,
+    cron_schedule="20 * * * *",
+    default_status=DefaultScheduleStatus.RUNNING,
+)
+
 defs = Definitions(
-    assets=[wal_prune_marks],
-    jobs=[prune_marks_job],
-    schedules=[prune_marks_schedule],
-    resources={"etcd": EtcdResource.from_env()},
+    assets=[wal_prune_marks, parquet_partitions],
+    asset_checks=parquet_checks,
+    jobs=[prune_marks_job, parquet_job, parquet_checks_job],
+    schedules=[prune_marks_schedule, parquet_checks_schedule],
+    sensors=[parquet_topics_sensor],
+    resources={
+        "etcd": EtcdResource.from_env(),
+        "objects": ObjectStoreResource.from_env(),
+        "convert_job": ConvertJobResource(),
+        "pipes_subprocess_client": PipesSubprocessClient(),
+    },
 )

@@ -1,12 +1,17 @@
-"""Dagster resources of the control plane: the etcd cluster the brokers share."""
+"""Dagster resources of the control plane: the etcd cluster the brokers share, their object
+store (and the Parquet warehouse in it), and how the conversion program is started."""
 
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from dagster import ConfigurableResource
 
+from danube_ingest.config.loader import load_config
+from danube_ingest.config.models import BrokerConfig
 from danube_ingest.metadata import EtcdKV, Keys
+from danube_ingest.objects.store import ObjectStore
 
 #: Environment variables naming the etcd cluster (as the broker's ``etcd:`` section does);
 #: ``danube-ingest dev`` sets them for the Dagster processes it starts.
@@ -22,6 +27,10 @@ class EtcdResource(ConfigurableResource):  # type: ignore[type-arg]
     prefix: str = "/danube"
     """Key prefix (``etcd.prefix`` of the brokers)."""
     connect_timeout_seconds: float = 5.0
+
+    def child_env(self) -> dict[str, str]:
+        """The environment that gives a child process (the Spark job) the same cluster."""
+        return {ENDPOINTS_ENV: self.endpoints, PREFIX_ENV: self.prefix}
 
     @classmethod
     def from_env(cls) -> "EtcdResource":
@@ -40,3 +49,76 @@ class EtcdResource(ConfigurableResource):  # type: ignore[type-arg]
             yield kv, Keys(self.prefix)
         finally:
             await kv.close()
+
+
+#: The broker YAML whose ``storage.cloud`` section names the object store (as the Spark job
+#: reads it); unset: every key at its default (``./data/objects`` on fs, the dev layout).
+CONFIG_ENV = "DANUBE_INGEST_CONFIG"
+#: Overrides ``broker.data_dir`` of that YAML (``danube-ingest dev --data-dir`` sets it), which
+#: places the fs objects at ``{data_dir}/objects`` unless ``storage.cloud.root`` says otherwise.
+DATA_DIR_ENV = "DANUBE_INGEST_DATA_DIR"
+
+
+class ObjectStoreResource(ConfigurableResource):  # type: ignore[type-arg]
+    """The brokers' object store (segment objects) and the Parquet warehouse in it.
+
+    The warehouse is the same store below ``warehouse_root``. Credentials are never part of the
+    resource: the YAML takes them from the environment (``${ENV}``), as the brokers do.
+    """
+
+    config_path: str = ""
+    """The broker YAML (``DANUBE_INGEST_CONFIG``); empty: the defaults."""
+    data_dir: str = ""
+    """``broker.data_dir`` over the YAML's (``DANUBE_INGEST_DATA_DIR``); empty: the YAML's."""
+    warehouse_root: str = "warehouse/"
+    """Prefix of the tables in the store (``layout.DEFAULT_ROOT``)."""
+
+    @classmethod
+    def from_env(cls) -> "ObjectStoreResource":
+        """Configured from ``DANUBE_INGEST_CONFIG`` and ``DANUBE_INGEST_DATA_DIR``."""
+        return cls(
+            config_path=os.environ.get(CONFIG_ENV, ""),
+            data_dir=os.environ.get(DATA_DIR_ENV, ""),
+        )
+
+    def broker_config(self) -> BrokerConfig:
+        """The configuration the store is made from; ``ConfigError`` naming the file and key."""
+        overrides = {"broker.data_dir": self.data_dir} if self.data_dir else None
+        return load_config(self.config_path or None, overrides)
+
+    def child_env(self) -> dict[str, str]:
+        """The environment that gives a child process (the Spark job) the same store."""
+        env = {CONFIG_ENV: self.config_path} if self.config_path else {}
+        if self.data_dir:
+            env[DATA_DIR_ENV] = self.data_dir
+        return env
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[ObjectStore]:
+        """The store, closed on exit."""
+        store = ObjectStore.from_config(self.broker_config())
+        try:
+            yield store
+        finally:
+            await store.close()
+
+
+class ConvertJobResource(ConfigurableResource):  # type: ignore[type-arg]
+    """How the conversion program is started: ``{python} -m {module} --topic T --start-ms N ...``
+    (``danube_ingest.analytics.job``, a plain PySpark program; on a cluster, point ``python``
+    and ``extra_args`` at a ``spark-submit`` wrapper)."""
+
+    python: str = sys.executable
+    """The interpreter; it also runs Spark's Python workers (``PYSPARK_PYTHON``)."""
+    module: str = "danube_ingest.analytics.job"
+    extra_args: list[str] = []
+    """Appended to the command (``--width-s 60`` ...)."""
+
+    def command(self, topic: str, starts_ms: list[int]) -> list[str]:
+        """The command converting ``topic``'s partitions starting at ``starts_ms``."""
+        starts = [arg for start in starts_ms for arg in ("--start-ms", str(start))]
+        return [self.python, "-m", self.module, "--topic", topic, *starts, *self.extra_args]
+
+    def child_env(self) -> dict[str, str]:
+        """What the program needs besides the etcd and object store variables."""
+        return {"PYSPARK_PYTHON": self.python, "PYSPARK_DRIVER_PYTHON": self.python}

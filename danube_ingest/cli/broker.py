@@ -240,6 +240,7 @@ def _dev(args: argparse.Namespace) -> int:
                 port=args.dagster_port,
                 etcd_endpoint=etcd.endpoint,
                 etcd_prefix=config.etcd.prefix,
+                config_path=Path(args.config) if args.config else None,
             )
         etcd.start()
         try:

@@ -6,6 +6,12 @@ so a Ctrl-C in the terminal reaches only ``danube-ingest dev``, which stops Dags
 broker and before etcd. Its output goes to ``{data_dir}/dagster/dagster.log``; its instance
 (runs, schedule ticks) lives in ``{data_dir}/dagster`` (``DAGSTER_HOME``).
 
+The code location finds the local system through its environment: etcd
+(``DANUBE_INGEST_ETCD_ENDPOINTS``, ``DANUBE_INGEST_ETCD_PREFIX``) and the object store of the
+broker's configuration (``DANUBE_INGEST_CONFIG``: the ``--config`` file, or else
+``{data_dir}/dagster/broker.yaml`` written here with only ``broker.data_dir``;
+``DANUBE_INGEST_DATA_DIR``: the data directory, which ``dev`` puts over the file's).
+
 ``start`` refuses a port another process listens on and returns once the process is launched
 ("dagster launched"); ``wait_ready`` logs "dagster started" only once the UI answers HTTP on its
 port from a process that still runs, and raises ``DagsterUIError`` with the log's tail if the
@@ -15,6 +21,7 @@ process exits first.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -49,9 +56,21 @@ class DagsterUI:
     """``dagster dev`` for the local system: ``start()``, then ``stop()``."""
 
     def __init__(
-        self, data_dir: Path, *, host: str, port: int, etcd_endpoint: str, etcd_prefix: str
+        self,
+        data_dir: Path,
+        *,
+        host: str,
+        port: int,
+        etcd_endpoint: str,
+        etcd_prefix: str,
+        config_path: Path | None = None,
     ) -> None:
         self.home = data_dir.resolve() / "dagster"
+        self.data_dir = data_dir.resolve()
+        self.config_path = (
+            config_path.resolve() if config_path is not None else self.home / "broker.yaml"
+        )
+        self._write_config = config_path is None
         self.host = host
         self.port = port
         self.url = f"http://{host}:{port}"
@@ -59,6 +78,8 @@ class DagsterUI:
             "DAGSTER_HOME": str(self.home),
             "DANUBE_INGEST_ETCD_ENDPOINTS": etcd_endpoint,
             "DANUBE_INGEST_ETCD_PREFIX": etcd_prefix,
+            "DANUBE_INGEST_CONFIG": str(self.config_path),
+            "DANUBE_INGEST_DATA_DIR": str(self.data_dir),
         }
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -91,6 +112,9 @@ class DagsterUI:
         instance = self.home / "dagster.yaml"
         if not instance.exists():
             instance.write_text(_INSTANCE_YAML)
+        if self._write_config:
+            # JSON string syntax is YAML: any path is quoted safely. No secrets: only the dir.
+            self.config_path.write_text(f"broker:\n  data_dir: {json.dumps(str(self.data_dir))}\n")
         self._log = self.log_path.open("ab")
         try:
             self._process = subprocess.Popen(

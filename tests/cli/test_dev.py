@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,20 +27,37 @@ _LOCATIONS = """{ workspaceOrError { ... on Workspace { locationEntries {
   name loadStatus locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
 
 
-def _code_locations(url: str) -> list[dict[str, object]] | None:
-    """The UI's code locations (GraphQL), ``None`` while the UI is not up yet."""
+#: What the location shows: sensors, assets with their partitions and checks, and the
+#: resources' configured values (the environment ``dev`` passed to the location).
+_REPOSITORY = """{ repositoriesOrError { ... on RepositoryConnection { nodes {
+  sensors { name sensorState { status } }
+  assetNodes { assetKey { path } partitionDefinition { dimensionTypes { name type } }
+    assetChecksOrError { ... on AssetChecks { checks { name } } } }
+  allTopLevelResourceDetails { name configuredValues { key value } } } } } }"""
+
+
+def _graphql(url: str, query: str) -> dict[str, Any] | None:
+    """The UI's answer to ``query``, ``None`` while the UI is not up yet."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     request = urllib.request.Request(
         f"{url}/graphql",
-        data=json.dumps({"query": _LOCATIONS}).encode(),
+        data=json.dumps({"query": query}).encode(),
         headers={"Content-Type": "application/json"},
     )
     try:
         with opener.open(request, timeout=2) as response:
-            body = json.loads(response.read())
+            data: dict[str, Any] = json.loads(response.read())["data"]
+            return data
     except OSError:
         return None
-    entries: list[dict[str, object]] = body["data"]["workspaceOrError"]["locationEntries"]
+
+
+def _code_locations(url: str) -> list[dict[str, object]] | None:
+    """The UI's code locations (GraphQL), ``None`` while the UI is not up yet."""
+    data = _graphql(url, _LOCATIONS)
+    if data is None:
+        return None
+    entries: list[dict[str, object]] = data["workspaceOrError"]["locationEntries"]
     return entries
 
 
@@ -81,6 +99,33 @@ def test_ctrl_c_stops_broker_then_dagster_then_etcd(tmp_path: Path) -> None:
             entries = _code_locations(f"http://127.0.0.1:{dagster_port}")
         assert entries[0]["name"] == "pipelines.definitions:defs", entries  # workspace.yaml
         assert entries[0]["locationOrLoadError"] == {"__typename": "RepositoryLocation"}, entries
+        # The Parquet asset with its topic x hour partitions and its checks, and the sensor;
+        # the location got the data directory to find the object store in.
+        data = _graphql(f"http://127.0.0.1:{dagster_port}", _REPOSITORY)
+        assert data is not None
+        (repository,) = data["repositoriesOrError"]["nodes"]
+        assert {"name": "parquet_topics_sensor", "sensorState": {"status": "RUNNING"}} in (
+            repository["sensors"]
+        ), repository["sensors"]
+        assets = {tuple(a["assetKey"]["path"]): a for a in repository["assetNodes"]}
+        parquet = assets[("parquet_partitions",)]
+        assert parquet["partitionDefinition"]["dimensionTypes"] == [
+            {"name": "hour", "type": "TIME_WINDOW"},
+            {"name": "topic", "type": "DYNAMIC"},
+        ], parquet
+        assert {c["name"] for c in parquet["assetChecksOrError"]["checks"]} == {
+            "rows_match_offsets",
+            "frontier_contiguous",
+            "files_intact",
+        }, parquet
+        resources = {
+            r["name"]: {v["key"]: json.loads(v["value"]) for v in r["configuredValues"]}
+            for r in repository["allTopLevelResourceDetails"]
+        }
+        data_dir = str((tmp_path / "data").resolve())
+        assert resources["objects"]["data_dir"] == data_dir, resources
+        assert resources["objects"]["config_path"] == f"{data_dir}/dagster/broker.yaml"
+        assert resources["etcd"]["endpoints"] == f"http://127.0.0.1:{etcd_port}", resources
         # Ctrl-C: SIGINT to every process of the terminal's foreground process group.
         os.killpg(process.pid, signal.SIGINT)
         assert process.wait(30) == 0, log_path.read_text(errors="replace")
