@@ -17,12 +17,19 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 from danube_ingest.analytics.convert import StoreSpec, convert
 from danube_ingest.analytics.errors import AnalyticsError
-from danube_ingest.analytics.layout import DEFAULT_ROOT, DEFAULT_WIDTH_S
+from danube_ingest.analytics.layout import (
+    DEFAULT_ROOT,
+    DEFAULT_WIDTH_S,
+    partition_end,
+    partition_start,
+)
+from danube_ingest.analytics.plan import read_plan_input
 from danube_ingest.analytics.records import (
     HoldRecord,
     PartitionCommit,
@@ -30,6 +37,7 @@ from danube_ingest.analytics.records import (
     TableKeys,
     TableRecord,
 )
+from danube_ingest.analytics.renditions import read_table
 from danube_ingest.config import load_config
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.metadata.etcd import EtcdKV
@@ -81,6 +89,15 @@ def register(commands: Any) -> None:
         type=int,
         action="append",
         help="convert exactly this partition (start, ms since the epoch); repeatable",
+    )
+    cmd.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait up to SECONDS until every partition that began before this command "
+        "is complete (the topic clock has passed the end of the current partition); exit 1 "
+        "if it is not by then (default 0: convert what is complete now)",
     )
     cmd.set_defaults(handler=_convert)
 
@@ -166,6 +183,29 @@ async def _show(kv: EtcdKV, keys: Keys, topic: str, *, always: bool) -> int:
     return 1
 
 
+async def _wait_complete(kv: EtcdKV, keys: Keys, topic: str, width_s: int, seconds: float) -> bool:
+    """Wait until the topic clock passes the end of the partition holding now (the table's
+    width, else ``width_s``); False (and a message) if it does not within ``seconds``."""
+    table = await read_table(kv, keys, topic)
+    width = width_s if table is None else table.width_s
+    now_ms = time.time_ns() // 1_000_000
+    target = partition_end(partition_start(now_ms, width), width)
+    deadline = time.monotonic() + seconds
+    while True:
+        clock = (await read_plan_input(kv, keys, topic)).clock
+        if clock is not None and clock.ingest_ms >= target:
+            return True
+        if time.monotonic() >= deadline:
+            at = "no clock yet" if clock is None else f"its clock is at {_iso(clock.ingest_ms)}"
+            print(
+                f"danube-ingest: {topic} is not complete up to {_iso(target)} after {seconds} s "
+                f"({at}); is the daemon running and the topic owned?",
+                file=sys.stderr,
+            )
+            return False
+        await asyncio.sleep(1.0)
+
+
 def _convert(args: argparse.Namespace) -> int:
     return asyncio.run(_convert_async(args))
 
@@ -182,6 +222,10 @@ async def _convert_async(args: argparse.Namespace) -> int:
     objects = ObjectStore.from_config(config)
     kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
     try:
+        if args.wait > 0 and not await _wait_complete(
+            kv, keys, args.topic, args.width_s, args.wait
+        ):
+            return 1
         result = await convert(
             kv=kv,
             keys=keys,

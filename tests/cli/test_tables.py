@@ -105,3 +105,8 @@ def test_tables_convert_then_list(produced: Produced, tmp_path: Path) -> None:
     )
     assert early.returncode == 1
     assert f"partition {upper}" in early.stderr and "not complete" in early.stderr
+
+    # The daemon is stopped: the clock cannot pass the end of the current minute.
+    waited = _cli("tables", "convert", "--config", str(config), "--topic", JSON_T, "--wait", "1.5")
+    assert waited.returncode == 1
+    assert f"{JSON_T} is not complete up to" in waited.stderr and "its clock is at" in waited.stderr
