@@ -22,9 +22,10 @@ import pytest
 import yaml
 from dagster import PipesSubprocessClient, asset, materialize
 
-from danube_ingest.analytics.convert import StoreSpec, convert
+from danube_ingest.analytics.convert import ConvertError, StoreSpec, convert
 from danube_ingest.analytics.records import PartitionCommit, TableKeys
 from danube_ingest.metadata import EtcdKV
+from danube_ingest.metadata.manifest import ObjectRange
 from danube_ingest.objects.store import ObjectStore
 from tests.analytics.daemon_support import AVRO, JSON_T, PLAIN, WIDTH_S, Produced, clone
 
@@ -220,3 +221,44 @@ async def _clone(produced: Produced) -> Any:
         return await clone(kv, produced.prefix)
     finally:
         await kv.close()
+
+
+async def test_spark_engine_names_a_corrupt_object_and_commits_nothing_of_it(
+    spark: Any, produced: Produced, kv: EtcdKV, tmp_path: Path
+) -> None:
+    copy = tmp_path / "objects"
+    shutil.copytree(produced.objects, copy)
+    keys = await clone(kv, produced.prefix)
+    read = await kv.get_prefix(keys.storage_objects_prefix(PLAIN))
+    bad = max((ObjectRange.decode(e.value, e.key) for e in read), key=lambda r: r.start_offset)
+    data = bytearray((copy / bad.object_key).read_bytes())
+    data[bad.byte_start + bad.byte_length // 2] ^= 0xFF
+    (copy / bad.object_key).write_bytes(bytes(data))
+    objects = ObjectStore("fs", options={"root": str(copy)})
+    wh_dir = tmp_path / "wh"
+    warehouse = ObjectStore("fs", options={"root": str(wh_dir)})
+    with pytest.raises(ConvertError, match=rf"{bad.object_key}.*byte") as failed:
+        await convert(
+            kv=kv,
+            keys=keys,
+            objects=objects,
+            warehouse=warehouse,
+            topic=PLAIN,
+            engine="spark",
+            spark=spark,
+            width_s=WIDTH_S,
+            objects_spec=StoreSpec("fs", {"root": str(copy)}),
+            warehouse_spec=StoreSpec("fs", {"root": str(wh_dir)}),
+        )
+    await objects.close()
+    await warehouse.close()
+    assert "nothing of it was committed" in str(failed.value)
+    committed = [
+        PartitionCommit.decode(e.value, e.key)
+        for e in await kv.get_prefix(TableKeys(keys, PLAIN).parts_prefix("r1"))
+    ]
+    # The partitions before the damaged one are committed and readable; none from it on.
+    assert all(c.last_offset < bad.start_offset for c in committed)
+    assert not list((wh_dir / "warehouse" / "_staging").rglob("*.parquet"))
+    for committed_file in (wh_dir / "warehouse" / "r1").rglob("*.parquet"):
+        assert committed_file.stat().st_size > 0
