@@ -39,22 +39,33 @@ SERVER_TIMEOUT = 60.0
 #: The default ports the README's commands use.
 BROKER_PORT, ETCD_PORT, ETCD_PEER_PORT = 6650, 2379, 2380
 KINDS = ("server", "while make dev runs", "after make dev stopped")
+#: A ``python`` block run as one script with the clone's ``.venv/bin/python`` while make dev
+#: runs (after the bash blocks before it).
+PYTHON_KIND = "python while make dev runs"
+#: The sections whose blocks are run, in order.
+SECTIONS = ("Running it", "Analytics")
 
 
 def readme_blocks() -> list[tuple[str, list[str]]]:
-    """(kind, commands) of every bash block in "Running it", in order; a command's ``\\``
-    continuation lines are joined to it."""
+    """(kind, commands) of every bash block in "Running it" and "Analytics", in order; a
+    command's ``\\`` continuation lines are joined to it. A python block is one command: its
+    whole text."""
     text = (ROOT / "README.md").read_text()
-    start = text.index("\n## Running it")
-    end = text.index("\n## ", start + 1)
-    section = text[start:end]
     blocks = []
-    for match in re.finditer(
-        r"(?:<!-- readme-test: ([^>]*?) -->\n)?```bash\n(.*?)```", section, re.S
-    ):
-        kind, body = match.group(1), match.group(2)
-        assert kind in KINDS, f"a bash block in 'Running it' has no readme-test kind: {body!r}"
-        blocks.append((kind, body.replace("\\\n", "").strip().splitlines()))
+    for title in SECTIONS:
+        start = text.index(f"\n## {title}\n")
+        end = text.index("\n## ", start + 1)
+        section = text[start:end]
+        for match in re.finditer(
+            r"(?:<!-- readme-test: ([^>]*?) -->\n)?```(bash|python)\n(.*?)```", section, re.S
+        ):
+            kind, language, body = match.group(1), match.group(2), match.group(3)
+            if language == "python":
+                assert kind == PYTHON_KIND, f"a python block in {title!r} is not runnable: {body!r}"
+                blocks.append((kind, [body]))
+                continue
+            assert kind in KINDS, f"a bash block in {title!r} has no readme-test kind: {body!r}"
+            blocks.append((kind, body.replace("\\\n", "").strip().splitlines()))
     return blocks
 
 
@@ -131,12 +142,16 @@ class Server:
             raise AssertionError(f"{self.what} did not stop on SIGINT:\n{self.output()}") from None
 
 
-def run_command(command: str, cwd: Path) -> float:
-    """Run one README line verbatim; its duration in seconds (fails unless exit 0 in time)."""
+def run_command(
+    command: str, cwd: Path, *, python: bool = False, outputs: dict[str, str] | None = None
+) -> float:
+    """Run one README line verbatim (or a python block with the clone's ``.venv/bin/python``);
+    its duration in seconds (fails unless exit 0 in time). Its stdout goes to ``outputs``."""
     started = time.monotonic()
+    argv = [str(cwd / ".venv" / "bin" / "python"), "-c", command] if python else []
     try:
         result = subprocess.run(
-            ["bash", "-c", command],
+            argv or ["bash", "-c", command],
             cwd=cwd,
             capture_output=True,
             text=True,
@@ -145,6 +160,8 @@ def run_command(command: str, cwd: Path) -> float:
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"{command!r} did not finish in {COMMAND_TIMEOUT}s") from exc
     assert result.returncode == 0, f"{command!r} exit {result.returncode}:\n{result.stderr}"
+    if outputs is not None:
+        outputs[command] = result.stdout
     return time.monotonic() - started
 
 
@@ -175,6 +192,7 @@ def test_running_it_commands_finish(tmp_path: Path) -> None:
     clone = _scratch_clone(tmp_path)
     _wait_for_default_ports()
     durations: dict[str, float] = {}
+    outputs: dict[str, str] = {}
     dev_block, *rest = blocks
     assert dev_block == ("server", ["make dev"])
     # What `make dev` runs (see the Makefile), without the Dagster UI.
@@ -186,13 +204,17 @@ def test_running_it_commands_finish(tmp_path: Path) -> None:
     try:
         dev.wait_serving(BROKER_PORT, grpc_ready=True)
         for kind, commands in rest:
-            if kind == "while make dev runs":
+            if kind in ("while make dev runs", PYTHON_KIND):
                 assert dev.process.poll() is None, dev.output()
                 for command in commands:
-                    durations[command] = run_command(command, clone)
+                    python = kind == PYTHON_KIND
+                    durations[command] = run_command(command, clone, python=python, outputs=outputs)
     finally:
         code = dev.stop()
     assert code == 0, dev.output()
+    # The Analytics example counts the 100 messages it produced, all committed.
+    [sql] = [outputs[c] for kind, lines in rest if kind == PYTHON_KIND for c in lines]
+    assert re.search(r"\|\s*100\|\s*99\|", sql), sql
 
     for kind, commands in rest:
         if kind == "after make dev stopped":

@@ -6,12 +6,23 @@
 :mod:`~danube_ingest.analytics.columns` fixes the columns; :mod:`~danube_ingest.analytics.decode`
 turns entries into record batches (decoding Avro and JSON Schema payloads);
 :mod:`~danube_ingest.analytics.source` plans and reads a topic's objects without Spark;
+:func:`convert` runs a conversion into committed Parquet (its Spark engine imports pyspark only
+when used) and :func:`read_topic` gives analysts the committed partitions as a DataFrame;
 ``danube_ingest.analytics.spark_source`` (imported on its own: it needs pyspark) is the Spark
 data source ``"danube"``.
 """
 
 from danube_ingest.analytics.columns import DECODE_ERROR, FIXED_SCHEMA, table_schema
+from danube_ingest.analytics.convert import (
+    ConvertError,
+    ConvertResult,
+    PartitionResult,
+    StoreSpec,
+    convert,
+    pending_partitions,
+)
 from danube_ingest.analytics.decode import SchemaDecoder, entries_to_batch, load_decoder
+from danube_ingest.analytics.read import TopicRead, open_topic, read_topic
 from danube_ingest.analytics.source import (
     MAX_ROWS,
     ReadPart,
@@ -24,12 +35,21 @@ __all__ = [
     "DECODE_ERROR",
     "FIXED_SCHEMA",
     "MAX_ROWS",
+    "ConvertError",
+    "ConvertResult",
+    "PartitionResult",
     "ReadPart",
     "SchemaDecoder",
+    "StoreSpec",
+    "TopicRead",
     "aread_part",
+    "convert",
     "entries_to_batch",
     "load_decoder",
+    "open_topic",
+    "pending_partitions",
     "plan_reads",
     "read_part",
+    "read_topic",
     "table_schema",
 ]

@@ -6,6 +6,7 @@ partition."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -19,10 +20,12 @@ from typing import Any
 
 import pytest
 import yaml
+from dagster import PipesSubprocessClient, asset, materialize
 
-from danube_ingest.analytics.convert import StoreSpec, convert
+from danube_ingest.analytics.convert import ConvertError, StoreSpec, convert
 from danube_ingest.analytics.records import PartitionCommit, TableKeys
 from danube_ingest.metadata import EtcdKV
+from danube_ingest.metadata.manifest import ObjectRange
 from danube_ingest.objects.store import ObjectStore
 from tests.analytics.daemon_support import AVRO, JSON_T, PLAIN, WIDTH_S, Produced, clone
 
@@ -167,3 +170,95 @@ async def test_job_killed_mid_run_then_rerun_gives_exact_output_and_one_commit(
     assert len(records) == len({r.start_ms for r in records}) == len(expected)
     assert all(r.published for r in records)
     assert sum(r.rows for r in records) == produced.sent[AVRO]
+
+
+@pytest.mark.dagster
+def test_job_launched_through_dagster_pipes_reports_rows_and_offsets(
+    produced: Produced, tmp_path: Path
+) -> None:
+    """The job (local engine: no JVM needed for this) under a real Dagster asset through
+    ``PipesSubprocessClient``: the materialization carries the rows and offsets, the custom
+    messages one entry per partition."""
+    keys = asyncio.run(_clone(produced))
+    config = tmp_path / "broker.yaml"
+    config.write_text(
+        yaml.safe_dump({"storage": {"cloud": {"backend": "fs", "root": str(tmp_path / "o")}}})
+    )
+    shutil.copytree(produced.objects, tmp_path / "o")
+    env = {
+        "DANUBE_INGEST_CONFIG": str(config),
+        "DANUBE_INGEST_ETCD_ENDPOINTS": produced.endpoint,
+        "DANUBE_INGEST_ETCD_PREFIX": keys.prefix,
+        "PYTHONPATH": str(ROOT),
+    }
+    messages: list[Any] = []
+
+    @asset
+    def converted(context, pipes: PipesSubprocessClient) -> Any:  # type: ignore[no-untyped-def]
+        command = [sys.executable, "-m", "danube_ingest.analytics.job", "--topic", JSON_T]
+        invocation = pipes.run(
+            context=context,
+            command=[*command, "--width-s", "60", "--engine", "local"],
+            env=env,
+        )
+        messages.extend(invocation.get_custom_messages())
+        return invocation.get_materialize_result()
+
+    result = materialize([converted], resources={"pipes": PipesSubprocessClient()})
+    assert result.success
+    [event] = result.get_asset_materialization_events()
+    metadata = {k: v.value for k, v in event.materialization.metadata.items()}
+    assert metadata["rows"] == produced.sent[JSON_T]
+    assert (metadata["first_offset"], metadata["last_offset"]) == (0, produced.sent[JSON_T] - 1)
+    assert metadata["rendition"] == "r1" and metadata["files"]
+    assert [m["outcome"] for m in messages] == ["committed"] * len(messages)
+    assert sum(m["rows"] for m in messages) == produced.sent[JSON_T]
+
+
+async def _clone(produced: Produced) -> Any:
+    kv = await EtcdKV.connect([produced.endpoint], timeout=5.0)
+    try:
+        return await clone(kv, produced.prefix)
+    finally:
+        await kv.close()
+
+
+async def test_spark_engine_names_a_corrupt_object_and_commits_nothing_of_it(
+    spark: Any, produced: Produced, kv: EtcdKV, tmp_path: Path
+) -> None:
+    copy = tmp_path / "objects"
+    shutil.copytree(produced.objects, copy)
+    keys = await clone(kv, produced.prefix)
+    read = await kv.get_prefix(keys.storage_objects_prefix(PLAIN))
+    bad = max((ObjectRange.decode(e.value, e.key) for e in read), key=lambda r: r.start_offset)
+    data = bytearray((copy / bad.object_key).read_bytes())
+    data[bad.byte_start + bad.byte_length // 2] ^= 0xFF
+    (copy / bad.object_key).write_bytes(bytes(data))
+    objects = ObjectStore("fs", options={"root": str(copy)})
+    wh_dir = tmp_path / "wh"
+    warehouse = ObjectStore("fs", options={"root": str(wh_dir)})
+    with pytest.raises(ConvertError, match=rf"{bad.object_key}.*byte") as failed:
+        await convert(
+            kv=kv,
+            keys=keys,
+            objects=objects,
+            warehouse=warehouse,
+            topic=PLAIN,
+            engine="spark",
+            spark=spark,
+            width_s=WIDTH_S,
+            objects_spec=StoreSpec("fs", {"root": str(copy)}),
+            warehouse_spec=StoreSpec("fs", {"root": str(wh_dir)}),
+        )
+    await objects.close()
+    await warehouse.close()
+    assert "nothing of it was committed" in str(failed.value)
+    committed = [
+        PartitionCommit.decode(e.value, e.key)
+        for e in await kv.get_prefix(TableKeys(keys, PLAIN).parts_prefix("r1"))
+    ]
+    # The partitions before the damaged one are committed and readable; none from it on.
+    assert all(c.last_offset < bad.start_offset for c in committed)
+    assert not list((wh_dir / "warehouse" / "_staging").rglob("*.parquet"))
+    for committed_file in (wh_dir / "warehouse" / "r1").rglob("*.parquet"):
+        assert committed_file.stat().st_size > 0

@@ -1,0 +1,259 @@
+"""``danube-ingest tables``: the topics' Parquet tables, and one conversion run.
+
+* ``tables [--topic T]`` lists each table (width, active rendition, ``since``/``upper``
+  frontiers as ISO times), its renditions (state, converter, decode schema, frontier, holds)
+  and each rendition's last commit. Reads etcd only; changes nothing.
+* ``tables convert --topic T [--width-s N] [--engine local|spark] [--start-ms N ...]`` runs
+  ``analytics.convert`` once with the daemon's config (object store, etcd): the complete
+  partitions not committed yet, or exactly the ones named. The warehouse is the daemon's object
+  store under ``warehouse/`` (``{data_dir}/objects/warehouse/`` by default). Exit 1 when the
+  conversion fails (the error names the partition, and the object key and byte position when
+  an object is bad; earlier partitions stay committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from danube_ingest.analytics.convert import StoreSpec, convert
+from danube_ingest.analytics.errors import AnalyticsError
+from danube_ingest.analytics.layout import (
+    DEFAULT_ROOT,
+    DEFAULT_WIDTH_S,
+    partition_end,
+    partition_start,
+)
+from danube_ingest.analytics.plan import read_plan_input
+from danube_ingest.analytics.records import (
+    HoldRecord,
+    PartitionCommit,
+    RenditionRecord,
+    TableKeys,
+    TableRecord,
+)
+from danube_ingest.analytics.renditions import read_table
+from danube_ingest.config import load_config
+from danube_ingest.config.models import BrokerConfig
+from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.keys import Keys
+from danube_ingest.metadata.kv import Get
+from danube_ingest.metadata.records import Records
+from danube_ingest.objects.store import ObjectStore
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: given before or after "convert", an option is not reset by the other parser.
+    hidden = argparse.SUPPRESS
+    parser.add_argument("--config", default=hidden, help="broker config file (objects, etcd)")
+    parser.add_argument(
+        "--data-dir",
+        default=hidden,
+        help="broker data directory (fs objects under DATA_DIR/objects)",
+    )
+    parser.add_argument("--etcd", default=hidden, help="etcd endpoint URL(s), comma-separated")
+    parser.add_argument("--prefix", default=hidden, help="metadata key prefix")
+
+
+def register(commands: Any) -> None:
+    text = "list the topics' Parquet tables, renditions, frontiers and last commits"
+    group = commands.add_parser("tables", help=text, description=text)
+    _common(group)
+    group.add_argument("--topic", default=argparse.SUPPRESS, help="only this topic")
+    group.set_defaults(handler=_list)
+    sub = group.add_subparsers(dest="tables_command", metavar="ACTION")
+    text = "convert a topic's complete partitions into committed Parquet, once"
+    cmd = sub.add_parser("convert", help=text, description=text)
+    _common(cmd)
+    cmd.add_argument("--topic", required=True, help="the topic, /namespace/topic")
+    cmd.add_argument(
+        "--width-s",
+        type=int,
+        default=DEFAULT_WIDTH_S,
+        help="partition width in seconds when the table is created (3600, or a divisor of it "
+        "of at least 60); an existing table keeps its width",
+    )
+    cmd.add_argument(
+        "--engine",
+        choices=("local", "spark"),
+        default="local",
+        help="local: this process (default); spark: one Spark task per partition",
+    )
+    cmd.add_argument(
+        "--start-ms",
+        type=int,
+        action="append",
+        help="convert exactly this partition (start, ms since the epoch); repeatable",
+    )
+    cmd.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait up to SECONDS until every partition that began before this command "
+        "is complete (the topic clock has passed the end of the current partition); exit 1 "
+        "if it is not by then (default 0: convert what is complete now)",
+    )
+    cmd.set_defaults(handler=_convert)
+
+
+def _config(args: argparse.Namespace) -> tuple[BrokerConfig, list[str], Keys]:
+    data_dir = getattr(args, "data_dir", None)
+    config = load_config(
+        getattr(args, "config", None), {"broker.data_dir": data_dir} if data_dir else None
+    )
+    etcd = getattr(args, "etcd", None)
+    endpoints = etcd.split(",") if etcd else list(config.etcd.endpoints)
+    return config, endpoints, Keys(getattr(args, "prefix", None) or config.etcd.prefix)
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _list(args: argparse.Namespace) -> int:
+    return asyncio.run(_list_async(args))
+
+
+async def _list_async(args: argparse.Namespace) -> int:
+    config, endpoints, keys = _config(args)
+    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    try:
+        topic = getattr(args, "topic", None)
+        topics = [topic] if topic else [r.name for r in await Records(kv, keys).list_topics()]
+        shown = 0
+        for name in sorted(topics):
+            shown += await _show(kv, keys, name, always=bool(topic))
+        if not shown and not topic:
+            print("no tables (run: danube-ingest tables convert --topic T)")
+    finally:
+        await kv.close()
+    return 0
+
+
+async def _show(kv: EtcdKV, keys: Keys, topic: str, *, always: bool) -> int:
+    tables = TableKeys(keys, topic)
+    read = await kv.txn(
+        [],
+        [
+            Get(tables.table()),
+            Get(tables.renditions_prefix(), True),
+            Get(tables.holds_prefix(), True),
+        ],
+    )
+    table_kv = read.kv(0)
+    if table_kv is None:
+        if always:
+            print(f"topic {topic}: no table")
+        return 0
+    table = TableRecord.decode(table_kv.value, table_kv.key)
+    print(
+        f"table {topic}: width {table.width_s} s, active {table.active or '-'}, "
+        f"since {_iso(table.since_ms)}, upper {_iso(table.upper_ms)}"
+    )
+    holds: dict[str, int] = {}
+    for entry in read.responses[2].kvs:
+        held = HoldRecord.decode(entry.value, entry.key).rendition
+        holds[held] = holds.get(held, 0) + 1
+    renditions = {e.key: e for e in read.responses[1].kvs if tables.is_rendition(e.key)}
+    for key, entry in sorted(renditions.items()):
+        name = key.rsplit("/", 1)[1]
+        record = RenditionRecord.decode(entry.value, key)
+        print(
+            f"  rendition {name}: {record.state}, upper {_iso(record.upper_ms)}, converter "
+            f"{record.converter_version}, schema {record.schema_ref or '-'}, "
+            f"readers {holds.get(name, 0)}"
+        )
+        parts = await kv.get_prefix(tables.parts_prefix(name))
+        if not parts:
+            print("    no commits")
+            continue
+        last = PartitionCommit.decode(parts[-1].value, parts[-1].key)
+        offsets = f"{last.first_offset}..{last.last_offset}" if last.rows else "none"
+        print(
+            f"    {len(parts)} partitions; last {_iso(last.start_ms)}: {last.rows} rows, "
+            f"offsets {offsets}, {len(last.files)} files, committed {_iso(last.committed_ms)}"
+            f"{'' if last.published else ', not published yet'}"
+        )
+    return 1
+
+
+async def _wait_complete(kv: EtcdKV, keys: Keys, topic: str, width_s: int, seconds: float) -> bool:
+    """Wait until the topic clock passes the end of the partition holding now (the table's
+    width, else ``width_s``); False (and a message) if it does not within ``seconds``."""
+    table = await read_table(kv, keys, topic)
+    width = width_s if table is None else table.width_s
+    now_ms = time.time_ns() // 1_000_000
+    target = partition_end(partition_start(now_ms, width), width)
+    deadline = time.monotonic() + seconds
+    while True:
+        clock = (await read_plan_input(kv, keys, topic)).clock
+        if clock is not None and clock.ingest_ms >= target:
+            return True
+        if time.monotonic() >= deadline:
+            at = "no clock yet" if clock is None else f"its clock is at {_iso(clock.ingest_ms)}"
+            print(
+                f"danube-ingest: {topic} is not complete up to {_iso(target)} after {seconds} s "
+                f"({at}); is the daemon running and the topic owned?",
+                file=sys.stderr,
+            )
+            return False
+        await asyncio.sleep(1.0)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    return asyncio.run(_convert_async(args))
+
+
+async def _convert_async(args: argparse.Namespace) -> int:
+    config, endpoints, keys = _config(args)
+    spec = spark = None
+    if args.engine == "spark":
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        spec = StoreSpec.from_config(config)
+        spark = SparkSession.builder.appName("danube-ingest-tables-convert").getOrCreate()
+    objects = ObjectStore.from_config(config)
+    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    try:
+        if args.wait > 0 and not await _wait_complete(
+            kv, keys, args.topic, args.width_s, args.wait
+        ):
+            return 1
+        result = await convert(
+            kv=kv,
+            keys=keys,
+            objects=objects,
+            warehouse=objects,
+            topic=args.topic,
+            starts_ms=args.start_ms,
+            engine=args.engine,
+            spark=spark,
+            width_s=args.width_s,
+            root=DEFAULT_ROOT,
+            objects_spec=spec,
+            warehouse_spec=spec,
+        )
+    except AnalyticsError as exc:
+        print(f"danube-ingest: conversion failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await kv.close()
+        await objects.close()
+    for part in result.partitions:
+        offsets = f"{part.first_offset}..{part.last_offset}" if part.rows else "none"
+        print(
+            f"partition {_iso(part.start_ms)}: {part.outcome}, {part.rows} rows, offsets "
+            f"{offsets}, {len(part.files)} files"
+        )
+    print(
+        f"topic {result.topic} rendition {result.rendition}: {len(result.partitions)} "
+        f"partitions, upper {_iso(result.upper_ms)}, objects {objects.description}"
+    )
+    return 0
