@@ -273,6 +273,7 @@ async def _convert_async(args: argparse.Namespace) -> int:
             kv, keys, args.topic, args.width_s, args.wait
         ):
             return 1
+        converted: list[PartitionResult] = []
         while True:
             result = await convert(
                 kv=kv,
@@ -289,32 +290,28 @@ async def _convert_async(args: argparse.Namespace) -> int:
                 objects_spec=spec,
                 warehouse_spec=spec,
             )
+            converted += result.partitions
             # A run converts at most a day of partitions: a new rendition catches up from the
             # table's since in as many runs as it takes (the last one finds nothing to do).
             if args.rendition is None or args.start_ms or not result.partitions:
                 break
-            _print_partitions(result.partitions)
     except AnalyticsError as exc:
         print(f"danube-ingest: conversion failed: {exc}", file=sys.stderr)
         return 1
     finally:
         await kv.close()
         await objects.close()
-    _print_partitions(result.partitions)
-    print(
-        f"topic {result.topic} rendition {result.rendition}: {len(result.partitions)} "
-        f"partitions, upper {_iso(result.upper_ms)}, objects {objects.description}"
-    )
-    return 0
-
-
-def _print_partitions(partitions: list[PartitionResult]) -> None:
-    for part in partitions:
+    for part in converted:
         offsets = f"{part.first_offset}..{part.last_offset}" if part.rows else "none"
         print(
             f"partition {_iso(part.start_ms)}: {part.outcome}, {part.rows} rows, offsets "
             f"{offsets}, {len(part.files)} files"
         )
+    print(
+        f"topic {result.topic} rendition {result.rendition}: {len(converted)} "
+        f"partitions, upper {_iso(result.upper_ms)}, objects {objects.description}"
+    )
+    return 0
 
 
 def _rendition(args: argparse.Namespace) -> int:
