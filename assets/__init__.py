@@ -1,12 +1,13 @@
 """Dagster assets of the control plane (minute-scale work on etcd and the object store).
 
 * :mod:`assets.parquet` - ``parquet_partitions``: committed Parquet per topic and hour, its
-  sensor and checks.
+  sensor and checks; job ``parquet_collect`` (dead runs' staging, unheld draining renditions).
 * :mod:`assets.wal_marks` - ``wal_prune_marks``: per-topic WAL prune marks in etcd.
 """
 
 from assets.parquet import (
     parquet_checks,
+    parquet_collect,
     parquet_job,
     parquet_partitions,
     parquet_topics_sensor,
@@ -15,6 +16,7 @@ from assets.wal_marks import wal_prune_marks
 
 __all__ = [
     "parquet_checks",
+    "parquet_collect",
     "parquet_job",
     "parquet_partitions",
     "parquet_topics_sensor",

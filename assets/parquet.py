@@ -15,6 +15,9 @@ program commits each partition exactly once, so a rerun or an overlapping run is
 
 Checks (``danube_ingest.analytics.checks``), over every table of the active renditions:
 ``rows_match_offsets``, ``frontier_contiguous``, ``files_intact``.
+
+Job ``parquet_collect`` (op ``collect_parquet``): ``lifecycle.collect`` over every table, its
+counts as metadata.
 """
 
 import asyncio
@@ -41,6 +44,8 @@ from dagster import (
     MetadataValue,
     MultiPartitionKey,
     MultiPartitionsDefinition,
+    OpExecutionContext,
+    Output,
     PipesSubprocessClient,
     RunRequest,
     SensorEvaluationContext,
@@ -49,6 +54,8 @@ from dagster import (
     asset,
     asset_check,
     define_asset_job,
+    job,
+    op,
     sensor,
 )
 
@@ -65,6 +72,7 @@ from danube_ingest.analytics.checks import (
     pending_hours,
     topics_with_manifest,
 )
+from danube_ingest.analytics.lifecycle import CollectResult, collect
 from danube_ingest.metadata import KV, Keys
 from danube_ingest.objects.store import ObjectStore
 from pipelines.resources import ConvertJobResource, EtcdResource, ObjectStoreResource
@@ -347,11 +355,42 @@ def files_intact(
 
 parquet_checks = [rows_match_offsets, frontier_contiguous, files_intact]
 
+
+@op(
+    description="Deletes dead conversion runs' staging (after an hour) and the draining "
+    "renditions no reader holds (danube_ingest.analytics.lifecycle.collect).",
+    tags={"kind": "analytics"},
+)
+def collect_parquet(
+    context: OpExecutionContext, etcd: EtcdResource, objects: ObjectStoreResource
+) -> Output[dict[str, int]]:
+    """``lifecycle.collect`` over every table; its counts as the output and its metadata (a
+    held rendition is counted, not a failure: the next run collects it)."""
+
+    async def work(kv: KV, keys: Keys) -> CollectResult:
+        async with objects.open() as store:
+            return await collect(kv, keys, store, root=objects.warehouse_root)
+
+    result = _run_etcd(etcd, work)
+    counts = result.counts()
+    held = ", ".join(f"{topic} {rendition}" for topic, rendition in result.held)
+    context.log.info(" ".join(f"{k}={v}" for k, v in counts.items()))
+    return Output(counts, metadata={**counts, "held": held or "none"})
+
+
+@job(tags={"kind": "analytics"}, description="Collect what no reader or run needs any more.")
+def parquet_collect() -> None:
+    """One ``collect_parquet`` step."""
+    collect_parquet()
+
+
 __all__ = [
     "TOPICS",
+    "collect_parquet",
     "hour_key",
     "hour_start_ms",
     "parquet_checks",
+    "parquet_collect",
     "parquet_job",
     "parquet_partitions",
     "parquet_partitions_def",

@@ -13,6 +13,7 @@ from dagster import (
 
 from assets import (
     parquet_checks,
+    parquet_collect,
     parquet_job,
     parquet_partitions,
     parquet_topics_sensor,
@@ -46,11 +47,19 @@ parquet_checks_schedule = ScheduleDefinition(
     default_status=DefaultScheduleStatus.RUNNING,
 )
 
+#: Hourly, after the hour's conversions and checks: a dead run's staging is collected an hour
+#: after it began (``lifecycle.COLLECT_GRACE_S``), a draining rendition once no reader holds it.
+parquet_collect_schedule = ScheduleDefinition(
+    job=parquet_collect,
+    cron_schedule="40 * * * *",
+    default_status=DefaultScheduleStatus.RUNNING,
+)
+
 defs = Definitions(
     assets=[wal_prune_marks, parquet_partitions],
     asset_checks=parquet_checks,
-    jobs=[prune_marks_job, parquet_job, parquet_checks_job],
-    schedules=[prune_marks_schedule, parquet_checks_schedule],
+    jobs=[prune_marks_job, parquet_job, parquet_checks_job, parquet_collect],
+    schedules=[prune_marks_schedule, parquet_checks_schedule, parquet_collect_schedule],
     sensors=[parquet_topics_sensor],
     resources={
         "etcd": EtcdResource.from_env(),

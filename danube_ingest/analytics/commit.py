@@ -574,14 +574,15 @@ async def collect_staging(
     *,
     grace_s: float = STAGING_GRACE_S,
     now_ms: int | None = None,
+    topic: str | None = None,
 ) -> list[str]:
     """Delete the staging of runs that are over: no live intent, no committed-but-unpublished
-    partition, and begun more than ``grace_s`` ago. Returns the tokens collected. Staged keys
-    that do not parse are left alone (and logged). Reads only the records the staged files
-    name (their intents and partition commits)."""
+    partition, and begun more than ``grace_s`` ago (only ``topic``'s runs if given). Returns
+    the tokens collected. Staged keys that do not parse are left alone (and logged). Reads only
+    the records the staged files name (their intents and partition commits)."""
     now = _now_ms() if now_ms is None else now_ms
     collected = []
-    for token, (staged, partitions) in sorted((await _staged_runs(store, root)).items()):
+    for token, (staged, partitions) in sorted((await _staged_runs(store, root, topic)).items()):
         created = token_created_ms(token)
         if created is None or now - created < grace_s * 1000:
             continue

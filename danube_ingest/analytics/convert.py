@@ -82,6 +82,7 @@ __all__ = [
     "PartitionResult",
     "StoreSpec",
     "convert",
+    "current_conversion",
     "pending_partitions",
 ]
 
@@ -271,6 +272,14 @@ async def rendition_decoder(
     return await load_decoder(_registry(kv, keys), topic, version=version)
 
 
+async def current_conversion(kv: KV, keys: Keys, topic: str) -> tuple[str, str]:
+    """What a rendition created now records: this converter's ``CONVERTER_VERSION`` and the
+    topic's current decode schema as ``subject:version`` (``""``: the topic has none)."""
+    decoder = await load_decoder(_registry(kv, keys), topic)
+    schema_ref = "" if decoder is None else f"{decoder.subject}:{decoder.decode_version}"
+    return CONVERTER_VERSION, schema_ref
+
+
 async def _ensure_rendition(
     kv: KV, keys: Keys, topic: str, width_s: int, plan_input: PlanInput
 ) -> str:
@@ -291,9 +300,8 @@ async def _ensure_rendition(
     if table.active is not None:
         return table.active
     tables = TableKeys(keys, topic)
-    decoder = await load_decoder(_registry(kv, keys), topic)
-    schema_ref = "" if decoder is None else f"{decoder.subject}:{decoder.decode_version}"
-    record = RenditionRecord(CONVERTER_VERSION, schema_ref, _now_ms(), "building", table.since_ms)
+    converter_version, schema_ref = await current_conversion(kv, keys, topic)
+    record = RenditionRecord(converter_version, schema_ref, _now_ms(), "building", table.since_ms)
     key = tables.rendition(FIRST_RENDITION)
     created = await kv.txn([Compare.absent(key)], [Put(key, record.encode())])
     if created.succeeded:
@@ -301,7 +309,7 @@ async def _ensure_rendition(
             "rendition created topic=%s rendition=%s converter=%s schema=%s",
             topic,
             FIRST_RENDITION,
-            CONVERTER_VERSION,
+            converter_version,
             schema_ref,
         )
     activated = await activate(kv, keys, topic, FIRST_RENDITION)

@@ -8,7 +8,13 @@
   partitions not committed yet, or exactly the ones named. The warehouse is the daemon's object
   store under ``warehouse/`` (``{data_dir}/objects/warehouse/`` by default). Exit 1 when the
   conversion fails (the error names the partition, and the object key and byte position when
-  an object is bad; earlier partitions stay committed).
+  an object is bad; earlier partitions stay committed). With ``--rendition rN`` it converts
+  into that rendition instead of the active one, in as many runs as it takes to catch up.
+* ``tables rendition --topic T`` creates the next rendition (``building``) and prints its name;
+  ``tables activate --topic T --rendition rN`` hands readers over to it (exit 1, naming the
+  frontiers, while it is behind the table's ``upper``); ``tables collect [--topic T]
+  [--grace-s N]`` deletes dead runs' staging and the draining renditions no reader holds
+  (``analytics.lifecycle``), printing what it collected and what is still held.
 """
 
 from __future__ import annotations
@@ -21,14 +27,15 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from danube_ingest.analytics.convert import StoreSpec, convert
-from danube_ingest.analytics.errors import AnalyticsError
+from danube_ingest.analytics.convert import PartitionResult, StoreSpec, convert
+from danube_ingest.analytics.errors import AnalyticsError, RenditionError
 from danube_ingest.analytics.layout import (
     DEFAULT_ROOT,
     DEFAULT_WIDTH_S,
     partition_end,
     partition_start,
 )
+from danube_ingest.analytics.lifecycle import COLLECT_GRACE_S, collect, new_rendition
 from danube_ingest.analytics.plan import read_plan_input
 from danube_ingest.analytics.records import (
     HoldRecord,
@@ -37,7 +44,8 @@ from danube_ingest.analytics.records import (
     TableKeys,
     TableRecord,
 )
-from danube_ingest.analytics.renditions import read_table
+from danube_ingest.analytics.renditions import activate, read_table
+from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.config import load_config
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.metadata.etcd import EtcdKV
@@ -99,7 +107,46 @@ def register(commands: Any) -> None:
         "is complete (the topic clock has passed the end of the current partition); exit 1 "
         "if it is not by then (default 0: convert what is complete now)",
     )
+    cmd.add_argument(
+        "--rendition",
+        help="convert into this rendition (e.g. one made by 'tables rendition') instead of the "
+        "active one, catching up every complete partition it has not committed",
+    )
     cmd.set_defaults(handler=_convert)
+    text = "create the next rendition of a topic's table (current converter and decode schema)"
+    cmd = sub.add_parser(
+        "rendition", help=text, description=text, formatter_class=DefaultsHelpFormatter
+    )
+    _common(cmd)
+    cmd.add_argument("--topic", required=True, help="the topic, /namespace/topic")
+    cmd.set_defaults(handler=_rendition)
+    text = "hand a topic's readers over to a rendition (one etcd transaction)"
+    cmd = sub.add_parser(
+        "activate", help=text, description=text, formatter_class=DefaultsHelpFormatter
+    )
+    _common(cmd)
+    cmd.add_argument("--topic", required=True, help="the topic, /namespace/topic")
+    cmd.add_argument(
+        "--rendition",
+        required=True,
+        help="the rendition to activate; refused while it is behind the table's upper",
+    )
+    cmd.set_defaults(handler=_activate)
+    text = "delete dead runs' staging and the draining renditions no reader holds"
+    cmd = sub.add_parser(
+        "collect", help=text, description=text, formatter_class=DefaultsHelpFormatter
+    )
+    _common(cmd)
+    cmd.add_argument(
+        "--topic", default=argparse.SUPPRESS, help="only this topic's table (default: every table)"
+    )
+    cmd.add_argument(
+        "--grace-s",
+        type=float,
+        default=COLLECT_GRACE_S,
+        help="collect a dead run's staging only once it began this many seconds ago",
+    )
+    cmd.set_defaults(handler=_collect)
 
 
 def _config(args: argparse.Namespace) -> tuple[BrokerConfig, list[str], Keys]:
@@ -226,34 +273,106 @@ async def _convert_async(args: argparse.Namespace) -> int:
             kv, keys, args.topic, args.width_s, args.wait
         ):
             return 1
-        result = await convert(
-            kv=kv,
-            keys=keys,
-            objects=objects,
-            warehouse=objects,
-            topic=args.topic,
-            starts_ms=args.start_ms,
-            engine=args.engine,
-            spark=spark,
-            width_s=args.width_s,
-            root=DEFAULT_ROOT,
-            objects_spec=spec,
-            warehouse_spec=spec,
-        )
+        converted: list[PartitionResult] = []
+        while True:
+            result = await convert(
+                kv=kv,
+                keys=keys,
+                objects=objects,
+                warehouse=objects,
+                topic=args.topic,
+                starts_ms=args.start_ms,
+                engine=args.engine,
+                spark=spark,
+                width_s=args.width_s,
+                root=DEFAULT_ROOT,
+                rendition=args.rendition,
+                objects_spec=spec,
+                warehouse_spec=spec,
+            )
+            converted += result.partitions
+            # A run converts at most a day of partitions: a new rendition catches up from the
+            # table's since in as many runs as it takes (the last one finds nothing to do).
+            if args.rendition is None or args.start_ms or not result.partitions:
+                break
     except AnalyticsError as exc:
         print(f"danube-ingest: conversion failed: {exc}", file=sys.stderr)
         return 1
     finally:
         await kv.close()
         await objects.close()
-    for part in result.partitions:
+    for part in converted:
         offsets = f"{part.first_offset}..{part.last_offset}" if part.rows else "none"
         print(
             f"partition {_iso(part.start_ms)}: {part.outcome}, {part.rows} rows, offsets "
             f"{offsets}, {len(part.files)} files"
         )
     print(
-        f"topic {result.topic} rendition {result.rendition}: {len(result.partitions)} "
+        f"topic {result.topic} rendition {result.rendition}: {len(converted)} "
         f"partitions, upper {_iso(result.upper_ms)}, objects {objects.description}"
     )
+    return 0
+
+
+def _rendition(args: argparse.Namespace) -> int:
+    return asyncio.run(_rendition_async(args))
+
+
+async def _rendition_async(args: argparse.Namespace) -> int:
+    config, endpoints, keys = _config(args)
+    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    try:
+        name = await new_rendition(kv, keys, args.topic)
+    except RenditionError as exc:
+        print(f"danube-ingest: cannot create a rendition: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await kv.close()
+    print(name)
+    return 0
+
+
+def _activate(args: argparse.Namespace) -> int:
+    return asyncio.run(_activate_async(args))
+
+
+async def _activate_async(args: argparse.Namespace) -> int:
+    config, endpoints, keys = _config(args)
+    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    try:
+        table = await activate(kv, keys, args.topic, args.rendition)
+    except RenditionError as exc:
+        print(f"danube-ingest: activation refused: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await kv.close()
+    print(f"table {args.topic}: active {table.active}, upper {_iso(table.upper_ms)}")
+    return 0
+
+
+def _collect(args: argparse.Namespace) -> int:
+    return asyncio.run(_collect_async(args))
+
+
+async def _collect_async(args: argparse.Namespace) -> int:
+    config, endpoints, keys = _config(args)
+    objects = ObjectStore.from_config(config)
+    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    try:
+        result = await collect(
+            kv,
+            keys,
+            objects,
+            topic=getattr(args, "topic", None),
+            staging_grace_s=args.grace_s,
+            root=DEFAULT_ROOT,
+        )
+    finally:
+        await kv.close()
+        await objects.close()
+    for topic, rendition in result.collected:
+        print(f"collected {topic} rendition {rendition}")
+    for topic, rendition in result.held:
+        print(f"held {topic} rendition {rendition}: a reader holds it; collect again later")
+    print(" ".join(f"{k}={v}" for k, v in result.counts().items()))
     return 0

@@ -1,5 +1,6 @@
 """``danube-ingest tables`` and ``tables convert`` as child processes, on the real daemon's
-objects (``tests.analytics.daemon_support``) and a real etcd."""
+objects (``tests.analytics.daemon_support``) and a real etcd; the rendition lifecycle
+(``tables rendition``, ``activate``, ``collect``) through ``danube_ingest.cli.main``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import pytest
 import yaml
 
 from danube_ingest.analytics.layout import partition_end
+from danube_ingest.analytics.renditions import hold, read_rendition
+from danube_ingest.cli import main
 from danube_ingest.metadata import EtcdKV, Keys
 from tests.analytics.daemon_support import (
     JSON_T,
@@ -26,7 +29,7 @@ from tests.analytics.daemon_support import (
     produce_topics,
 )
 
-pytestmark = [pytest.mark.etcd, pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.etcd, pytest.mark.timeout(400)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,6 +64,7 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@pytest.mark.slow
 def test_tables_convert_then_list(produced: Produced, tmp_path: Path) -> None:
     keys = _clone(produced)
     config = tmp_path / "broker.yaml"
@@ -110,3 +114,80 @@ def test_tables_convert_then_list(produced: Produced, tmp_path: Path) -> None:
     waited = _cli("tables", "convert", "--config", str(config), "--topic", JSON_T, "--wait", "1.5")
     assert waited.returncode == 1
     assert f"{JSON_T} is not complete up to" in waited.stderr and "its clock is at" in waited.stderr
+
+
+def test_rendition_activate_collect_through_the_cli(
+    etcd_server: str, keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from danube_ingest.objects.store import ObjectStore
+    from tests.pipelines.parquet_support import ROOT as WAREHOUSE
+    from tests.pipelines.parquet_support import TOPIC, publish_topic
+
+    objects_dir = tmp_path / "objects"
+
+    async def setup() -> None:
+        kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+        store = ObjectStore("fs", options={"root": str(objects_dir)})
+        try:
+            await publish_topic(kv, keys, hours=2, extra_ms=1, objects=store)
+        finally:
+            await store.close()
+            await kv.close()
+
+    asyncio.run(setup())
+    common = ["--etcd", etcd_server, "--prefix", keys.prefix, "--data-dir", str(tmp_path)]
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(["tables", *args, *common])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    assert run("convert", "--topic", TOPIC)[0] == 0
+    r1_files = sorted((objects_dir / WAREHOUSE / "r1").rglob("*.parquet"))
+    assert r1_files
+    code, out, _ = run("rendition", "--topic", TOPIC)
+    assert (code, out) == (0, "r2\n")
+    code, _, err = run("activate", "--topic", TOPIC, "--rendition", "r2")
+    assert code == 1
+    assert "activation refused" in err and "behind the table's upper" in err and "r2" in err
+    code, out, _ = run("convert", "--topic", TOPIC, "--rendition", "r2")
+    assert code == 0 and "rendition r2: 2 partitions" in out
+    code, out, _ = run("activate", "--topic", TOPIC, "--rendition", "r2")
+    assert code == 0 and "active r2" in out
+
+    async def collect_while_held() -> tuple[int, str]:
+        kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+        try:
+            async with hold(kv, keys, TOPIC, "r1"):
+                code, out, _ = await asyncio.to_thread(run, "collect", "--topic", TOPIC)
+            return code, out
+        finally:
+            await kv.close()
+
+    code, out = asyncio.run(collect_while_held())
+    assert code == 0 and f"held {TOPIC} rendition r1" in out
+    assert "renditions_collected=0 rendition_files_deleted=0 renditions_held=1" in out
+    assert all(f.exists() for f in r1_files)
+    code, out, _ = run("collect", "--grace-s", "60")
+    assert code == 0 and f"collected {TOPIC} rendition r1" in out
+    assert f"renditions_collected=1 rendition_files_deleted={len(r1_files)}" in out
+    assert not any(f.exists() for f in r1_files)
+    assert list((objects_dir / WAREHOUSE / "r2").rglob("*.parquet"))
+
+    async def state(name: str) -> str:
+        kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+        try:
+            record = await read_rendition(kv, keys, TOPIC, name)
+            assert record is not None
+            return record.state
+        finally:
+            await kv.close()
+
+    assert asyncio.run(state("r1")) == "collected"
+    assert asyncio.run(state("r2")) == "active"
+
+
+def test_lifecycle_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["tables", "collect", "--help"])
+    assert "(default: 3600" in capsys.readouterr().out
