@@ -7,17 +7,26 @@
 * ``keys``: ``Keys`` on a fresh random prefix, so tests sharing the server never collide.
 * ``s3_server`` (session): a ``MotoServer`` (moto S3 in a child process). Every test that uses
   it is marked ``s3`` automatically.
+* ``produced`` (session): three topics produced through danube-client into the real daemon
+  (``tests.analytics.daemon_support``), made once for every test that needs them (about a
+  minute). Its ``objects`` directory is shared and read-only by convention: a test that writes
+  (a warehouse, damaged objects) writes to its own copy or its own root, and converts on its
+  own ``clone`` of the etcd prefix.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from danube_ingest.metadata import KV, EtcdKV, Keys, MemoryKV
 from danube_ingest.testing import LocalEtcd, MotoServer
+
+if TYPE_CHECKING:
+    from tests.analytics.daemon_support import Produced
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -61,3 +70,12 @@ def keys() -> Keys:
 def s3_server() -> Iterator[MotoServer]:
     with MotoServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def produced(etcd_server: str, tmp_path_factory: pytest.TempPathFactory) -> Produced:
+    """The real daemon's output for three topics (see the module docstring)."""
+    # Imported here: the daemon support pulls in danube-client, which most tests never need.
+    from tests.analytics.daemon_support import produce_topics
+
+    return produce_topics(etcd_server, tmp_path_factory.mktemp("daemon"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -20,23 +21,28 @@ from danube_ingest.analytics.renditions import hold, read_rendition
 from danube_ingest.cli import main
 from danube_ingest.metadata import EtcdKV, Keys
 from tests.analytics.daemon_support import (
+    AVRO,
     JSON_T,
     PAYLOADS,
     PLAIN,
     WIDTH_S,
     Produced,
     clone,
-    produce_topics,
 )
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(400)]
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The Spark child's master: two local threads, no UI (as the job tests run it).
+SPARK_SUBMIT_ARGS = "--master local[2] --conf spark.ui.enabled=false pyspark-shell"
 
 
-@pytest.fixture(scope="module")
-def produced(etcd_server: str, tmp_path_factory: pytest.TempPathFactory) -> Produced:
-    return produce_topics(etcd_server, tmp_path_factory.mktemp("daemon"))
+def _own_objects(produced: Produced, tmp_path: Path) -> Path:
+    """A copy of the daemon's objects: the warehouse lives in the objects store, and the
+    session's ``produced`` objects are shared with other tests."""
+    copy = tmp_path / "objects"
+    shutil.copytree(produced.objects, copy)
+    return copy
 
 
 def _clone(produced: Produced) -> Keys:
@@ -50,14 +56,34 @@ def _clone(produced: Produced) -> Keys:
     return asyncio.run(run())
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _config(produced: Produced, keys: Keys, objects: Path, tmp_path: Path) -> Path:
+    config = tmp_path / "broker.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "etcd": {"endpoints": [produced.endpoint], "prefix": keys.prefix},
+                "storage": {"cloud": {"backend": "fs", "root": str(objects)}},
+            }
+        )
+    )
+    return config
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "danube_ingest.cli", *args],
         capture_output=True,
         text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        # A Spark child starts a JVM: generous on a loaded 2-core machine.
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
     )
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
+    }
 
 
 def _iso(ms: int) -> str:
@@ -67,15 +93,8 @@ def _iso(ms: int) -> str:
 @pytest.mark.slow
 def test_tables_convert_then_list(produced: Produced, tmp_path: Path) -> None:
     keys = _clone(produced)
-    config = tmp_path / "broker.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "etcd": {"endpoints": [produced.endpoint], "prefix": keys.prefix},
-                "storage": {"cloud": {"backend": "fs", "root": str(produced.objects)}},
-            }
-        )
-    )
+    objects = _own_objects(produced, tmp_path)
+    config = _config(produced, keys, objects, tmp_path)
     upper = partition_end(produced.last_minute, WIDTH_S)
 
     empty = _cli("tables", "--config", str(config))
@@ -88,7 +107,7 @@ def test_tables_convert_then_list(produced: Produced, tmp_path: Path) -> None:
     assert f"upper {_iso(upper)}" in done.stdout
     assert "committed" in done.stdout
 
-    files = sorted((produced.objects / "warehouse" / "r1").rglob("*.parquet"))
+    files = sorted((objects / "warehouse" / "r1").rglob("*.parquet"))
     rows = [r for f in files for r in pq.read_table(f).to_pylist()]
     assert sorted(r["offset"] for r in rows) == list(range(produced.sent[JSON_T]))
     assert all(r["payload"] == PAYLOADS[JSON_T](r["offset"]) for r in rows)
@@ -114,6 +133,31 @@ def test_tables_convert_then_list(produced: Produced, tmp_path: Path) -> None:
     waited = _cli("tables", "convert", "--config", str(config), "--topic", JSON_T, "--wait", "1.5")
     assert waited.returncode == 1
     assert f"{JSON_T} is not complete up to" in waited.stderr and "its clock is at" in waited.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_tables_convert_engine_spark_writes_the_local_engines_files(
+    produced: Produced, tmp_path: Path
+) -> None:
+    """``tables convert --engine spark`` as a child process (its own local[2] Spark, tasks
+    opening the fs store from the config) commits the same files as ``--engine local``."""
+    trees = {}
+    for engine in ("local", "spark"):
+        keys = _clone(produced)
+        objects = _own_objects(produced, tmp_path / engine)
+        config = _config(produced, keys, objects, tmp_path / engine)
+        env = {"PYSPARK_SUBMIT_ARGS": SPARK_SUBMIT_ARGS}
+        args = ("--topic", AVRO, "--width-s", "60", "--engine", engine)
+        done = _cli("tables", "convert", "--config", str(config), *args, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"topic {AVRO} rendition r1:" in done.stdout and "committed" in done.stdout
+        assert not list((objects / "warehouse" / "_staging").rglob("*.parquet"))
+        trees[engine] = _tree(objects / "warehouse" / "r1")
+    assert trees["spark"] == trees["local"]
+    rows = [r for p in trees["local"] for r in pq.read_table(tmp_path / "local" / "objects"
+            / "warehouse" / "r1" / p).to_pylist()]  # fmt: skip
+    assert sorted(r["offset"] for r in rows) == list(range(produced.sent[AVRO]))
 
 
 def test_rendition_activate_collect_through_the_cli(
