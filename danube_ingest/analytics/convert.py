@@ -68,7 +68,7 @@ from danube_ingest.config.models import BrokerConfig
 from danube_ingest.errors import ConfigError, DanubeIngestError
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV, Compare, Put
-from danube_ingest.objects.store import ObjectStore
+from danube_ingest.objects.store import ObjectStore, is_credential_option
 from danube_ingest.schema import SchemaRegistry
 from danube_ingest.schema.kvstore import KVSchemaStore
 
@@ -154,6 +154,15 @@ class StoreSpec:
 
     scheme: str
     options: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in self.options:
+            if is_credential_option(name):
+                raise ConfigError(
+                    f"object store option {name!r} looks like a credential: Spark tasks would "
+                    "receive it in their plan; give credentials through the environment "
+                    "(e.g. AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for s3) instead"
+                )
 
     def open(self) -> ObjectStore:
         """A new store (the caller closes it)."""

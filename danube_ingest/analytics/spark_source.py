@@ -38,7 +38,7 @@ from danube_ingest.errors import ConfigError
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.metadata.keys import split_topic
 from danube_ingest.metadata.manifest import Manifest
-from danube_ingest.objects.store import ObjectStore
+from danube_ingest.objects.store import ObjectStore, is_credential_option
 from danube_ingest.schema import SchemaRegistry
 from danube_ingest.schema.kvstore import KVSchemaStore
 
@@ -71,8 +71,6 @@ OPTIONS: dict[str, str] = {
     "max_rows": f"rows per Arrow batch (default {MAX_ROWS})",
 }
 
-#: Option-name words that mark a credential (as ``ObjectStore`` scrubs them from messages).
-_SECRET_WORDS = ("secret", "token", "password", "credential", "access_key", "private_key")
 _BACKENDS = ("fs", "s3", "gcs")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
@@ -135,7 +133,7 @@ class _Settings:
     def __init__(self, options: dict[str, str]) -> None:
         opts = {k.lower(): v for k, v in options.items()}
         for name in opts:
-            if any(word in name for word in _SECRET_WORDS):
+            if is_credential_option(name):
                 raise ConfigError(
                     f"danube data source: option {name!r} looks like a credential; "
                     "credentials come from the environment (e.g. AWS_ACCESS_KEY_ID and "

@@ -113,8 +113,25 @@ _OPENDAL_ERRORS: tuple[type[Exception], ...] = (
     od.Conflict,
 )
 
-#: Option names whose values are credentials: scrubbed from every error message.
-_SECRET_WORDS = ("secret", "token", "password", "credential", "account_key", "private_key")
+#: Words that mark an option name as a credential: its value is scrubbed from every error
+#: message, and such options are refused where options travel to other processes (Spark tasks).
+CREDENTIAL_WORDS = (
+    "secret",
+    "token",
+    "password",
+    "credential",
+    "access_key",
+    "account_key",
+    "private_key",
+)
+
+
+def is_credential_option(name: str) -> bool:
+    """Whether an opendal option ``name`` names a credential (see ``CREDENTIAL_WORDS``)."""
+    lowered = name.lower()
+    return any(word in lowered for word in CREDENTIAL_WORDS)
+
+
 #: opendal's message is many lines (context, HTTP headers, a backtrace); the first line and the
 #: root cause are what an operator needs, capped so one error is one readable log line.
 _MAX_DETAIL = 600
@@ -208,7 +225,7 @@ class ObjectStore:
         self._secrets = tuple(
             value
             for name, value in options.items()
-            if len(value) >= 4 and any(word in name.lower() for word in _SECRET_WORDS)
+            if len(value) >= 4 and is_credential_option(name)
         )
         try:
             operator = opendal.AsyncOperator(scheme, **options)
