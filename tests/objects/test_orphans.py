@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from crc32c import crc32c
 
+from danube_ingest.cli import main
 from danube_ingest.metadata import BrokerSession, EtcdKV, Keys, Ownership
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
 from danube_ingest.objects.binfmt import BinWriter
@@ -174,3 +176,24 @@ async def test_integrity_passes_with_gaps_and_fails_on_damaged_objects(topic: To
     assert "missing.bin" in missing and "not found" in missing
     assert "truncated.bin" in truncated and "bytes, the manifest says" in truncated
     assert "flipped.bin" in crc and "CRC32C" in crc
+
+
+def test_cli_gc_deletes_old_orphans(
+    etcd_server: str, keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    orphan = tmp_path / "objects" / "segments" / "b" / "r0" / "00000000000000000001.bin"
+    young = orphan.with_name("00000000000000000002.bin")
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"old")
+    young.write_bytes(b"new")
+    two_hours_ago = time.time() - 7200
+    os.utime(orphan, (two_hours_ago, two_hours_ago))
+    args = ["objects", "gc", "--data-dir", str(tmp_path), "--etcd", etcd_server]
+    args += ["--prefix", keys.prefix]
+    assert main([*args, "--dry-run"]) == 0
+    assert "would delete segments/b/r0/00000000000000000001.bin" in capsys.readouterr().out
+    assert orphan.exists()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "deleted 1 (3 bytes); 1 younger than 3600 s" in out
+    assert not orphan.exists() and young.exists()
