@@ -2,9 +2,11 @@
 
 * :mod:`assets.parquet` - ``parquet_partitions``: committed Parquet per topic and hour, its
   sensor and checks; job ``parquet_collect`` (dead runs' staging, unheld draining renditions).
+* :mod:`assets.objects` - jobs ``object_gc`` (orphaned objects) and ``manifest_integrity``.
 * :mod:`assets.wal_marks` - ``wal_prune_marks``: per-topic WAL prune marks in etcd.
 """
 
+from assets.objects import manifest_integrity_job, object_gc
 from assets.parquet import (
     parquet_checks,
     parquet_collect,
@@ -15,6 +17,8 @@ from assets.parquet import (
 from assets.wal_marks import wal_prune_marks
 
 __all__ = [
+    "manifest_integrity_job",
+    "object_gc",
     "parquet_checks",
     "parquet_collect",
     "parquet_job",

@@ -12,6 +12,8 @@ from dagster import (
 )
 
 from assets import (
+    manifest_integrity_job,
+    object_gc,
     parquet_checks,
     parquet_collect,
     parquet_job,
@@ -55,11 +57,36 @@ parquet_collect_schedule = ScheduleDefinition(
     default_status=DefaultScheduleStatus.RUNNING,
 )
 
+#: Hourly: an orphan is collected an hour after it was written (``orphans.DEFAULT_GRACE_S``).
+object_gc_schedule = ScheduleDefinition(
+    job=object_gc, cron_schedule="50 * * * *", default_status=DefaultScheduleStatus.RUNNING
+)
+
+#: Hourly: reads every object the manifest names (size and CRC32C), so not on every minute.
+manifest_integrity_schedule = ScheduleDefinition(
+    job=manifest_integrity_job,
+    cron_schedule="10 * * * *",
+    default_status=DefaultScheduleStatus.RUNNING,
+)
+
 defs = Definitions(
     assets=[wal_prune_marks, parquet_partitions],
     asset_checks=parquet_checks,
-    jobs=[prune_marks_job, parquet_job, parquet_checks_job, parquet_collect],
-    schedules=[prune_marks_schedule, parquet_checks_schedule, parquet_collect_schedule],
+    jobs=[
+        prune_marks_job,
+        parquet_job,
+        parquet_checks_job,
+        parquet_collect,
+        object_gc,
+        manifest_integrity_job,
+    ],
+    schedules=[
+        prune_marks_schedule,
+        parquet_checks_schedule,
+        parquet_collect_schedule,
+        object_gc_schedule,
+        manifest_integrity_schedule,
+    ],
     sensors=[parquet_topics_sensor],
     resources={
         "etcd": EtcdResource.from_env(),

@@ -1,4 +1,5 @@
-"""``danube-ingest objects verify``: check the manifest against the object store.
+"""``danube-ingest objects verify``: check the manifest against the object store;
+``danube-ingest objects gc``: delete orphaned objects (see :mod:`danube_ingest.objects.orphans`).
 
 Reads the manifest from etcd and every object it names (see
 :mod:`danube_ingest.objects.verify`); changes nothing. Exits 1 when a range and its object
@@ -17,6 +18,7 @@ from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.records import Records
+from danube_ingest.objects.orphans import DEFAULT_GRACE_S, collect_orphans
 from danube_ingest.objects.store import ObjectStore
 from danube_ingest.objects.verify import TopicReport, verify_topic
 
@@ -37,6 +39,58 @@ def register(commands: Any) -> None:
         "--deep", action="store_true", help="also decode every frame (reads every entry)"
     )
     cmd.set_defaults(handler=_verify)
+    text = (
+        "delete objects under segments/, topics/ and _staging/ that no manifest entry names "
+        "and that are older than the grace period"
+    )
+    gc = sub.add_parser("gc", help=text, description=text)
+    gc.add_argument("--config", help="broker config file (object store, etcd)")
+    gc.add_argument("--data-dir", help="broker data directory (fs objects under DATA_DIR/objects)")
+    gc.add_argument("--etcd", help="etcd endpoint URL(s), comma-separated (default: the config's)")
+    gc.add_argument("--prefix", help="metadata key prefix (default: the config's)")
+    gc.add_argument(
+        "--grace-s",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        help=f"keep orphans younger than this many seconds (default {DEFAULT_GRACE_S})",
+    )
+    gc.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
+    gc.set_defaults(handler=_gc)
+
+
+def _gc(args: argparse.Namespace) -> int:
+    if args.grace_s < 0:
+        raise SystemExit(f"--grace-s must be >= 0 (got {args.grace_s})")
+    return asyncio.run(_gc_async(args))
+
+
+async def _gc_async(args: argparse.Namespace) -> int:
+    overrides = {"broker.data_dir": args.data_dir} if args.data_dir else None
+    config = load_config(args.config, overrides)
+    endpoints = args.etcd.split(",") if args.etcd else config.etcd.endpoints
+    keys = Keys(args.prefix or config.etcd.prefix)
+    objects = ObjectStore.from_config(config)
+    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    try:
+        report = await collect_orphans(
+            kv, keys, objects, grace_s=args.grace_s, dry_run=args.dry_run
+        )
+    finally:
+        await kv.close()
+        await objects.close()
+    verb = "would delete" if report.dry_run else "deleted"
+    print(f"objects: {objects.description}")
+    for key in report.deleted:
+        print(f"  {verb} {key}")
+    for key in report.no_time:
+        print(f"  kept {key}: the store gives no modification time")
+    print(
+        f"{report.candidates} objects, {report.kept} referenced; {verb} {len(report.deleted)} "
+        f"({report.deleted_bytes} bytes); {report.too_young} younger than {report.grace_s:g} s "
+        f"({report.too_young_bytes} bytes); {len(report.no_time)} without a time; "
+        f"{report.rescued} committed meanwhile"
+    )
+    return 0
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -81,7 +81,7 @@ from danube_ingest.errors import ConfigError, ObjectNotFoundError, ObjectStoreEr
 from danube_ingest.wal.meta import fsync_dir
 from danube_ingest.wal.space import DiskFree, disk_free
 
-__all__ = ["STAGING_PREFIX", "ObjectStore", "RetryPolicy", "StoreStats"]
+__all__ = ["STAGING_PREFIX", "ObjectInfo", "ObjectStore", "RetryPolicy", "StoreStats"]
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class StoreStats:
     deletes: int = 0
     lists: int = 0
     stats: int = 0
-    """``size`` calls."""
+    """``size`` and ``stat`` calls."""
     retries: int = 0
     """Attempts repeated after a transient failure (internal steps of ``put_large`` included)."""
     bytes_written: int = 0
@@ -192,6 +192,16 @@ class StoreStats:
     """Bytes returned by successful gets."""
     failures: int = 0
     """Calls that raised ``ObjectStoreError`` (not counting ``ObjectNotFoundError``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What ``stat`` knows of one object."""
+
+    size: int
+    """Size in bytes."""
+    modified_ms: int | None
+    """Last modification, Unix milliseconds; None where the backend keeps no time (memory)."""
 
 
 class ObjectStore:
@@ -380,6 +390,25 @@ class ObjectStore:
             return None if metadata.is_dir else metadata.content_length
 
         return await self._call("size", key, attempt)
+
+    async def stat(self, key: str) -> ObjectInfo | None:
+        """Size and last-modified time of the object, None when there is no object."""
+        _check_key(key)
+        self.stats.stats += 1
+        op = self._operator("stat", key)
+
+        async def attempt() -> ObjectInfo | None:
+            try:
+                metadata = await op.stat(key)
+            except od.NotFound:
+                return None
+            if metadata.is_dir:
+                return None
+            modified = metadata.last_modified
+            modified_ms = None if modified is None else int(modified.timestamp() * 1000)
+            return ObjectInfo(metadata.content_length, modified_ms)
+
+        return await self._call("stat", key, attempt)
 
     async def delete(self, key: str) -> None:
         """Remove the object; nothing happens when there is none."""
