@@ -18,7 +18,7 @@ from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.records import Records
-from danube_ingest.objects.orphans import DEFAULT_GRACE_S, collect_orphans
+from danube_ingest.objects.orphans import DEFAULT_GRACE_S, MIN_GRACE_S, collect_orphans
 from danube_ingest.objects.store import ObjectStore
 from danube_ingest.objects.verify import TopicReport, verify_topic
 
@@ -59,8 +59,11 @@ def register(commands: Any) -> None:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    if args.grace_s < 0:
-        raise SystemExit(f"--grace-s must be >= 0 (got {args.grace_s})")
+    if args.grace_s < MIN_GRACE_S:
+        raise SystemExit(
+            f"--grace-s must be at least {MIN_GRACE_S:.0f} (twice the uploader's refresh age of "
+            f"a segment object awaiting its commit; got {args.grace_s})"
+        )
     return asyncio.run(_gc_async(args))
 
 

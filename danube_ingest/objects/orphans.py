@@ -20,10 +20,11 @@ Guarantees:
 * Idempotent: a second run finds nothing more to delete; a run that dies half-way leaves only
   orphans for the next one.
 
-Limit: the grace period must exceed the longest time the uploader may hold an uploaded segment
-object before its commit lands (an etcd outage, or ranges it could not commit while another
-broker owned the topic): past it, the object may be collected, and the uploader's commit would
-then name a missing object (``manifest_integrity`` reports it).
+The uploader may hold a stored segment object for long before its commit lands (an etcd outage,
+ranges waiting for their topic): it stores such an object again right before committing once
+it is older than ``uploader.OBJECT_REFRESH_SECONDS`` (600 s), and the grace period must be at
+least twice that (``MIN_GRACE_S``), so an object is never collected between being stored and
+being committed.
 
 ``manifest_integrity``: every topic that has a manifest goes through
 :func:`danube_ingest.objects.verify.verify_topic`. The check fails on every *problem* it reports
@@ -46,6 +47,7 @@ from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
 from danube_ingest.objects.store import STAGING_PREFIX, ObjectStore
+from danube_ingest.objects.uploader import OBJECT_REFRESH_SECONDS
 from danube_ingest.objects.verify import TopicReport, verify_topic
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,10 @@ log = logging.getLogger(__name__)
 OBJECT_PREFIXES = ("segments/", "topics/")
 #: An hour: far above an upload's PUT-to-commit time and a reader's time on one object.
 DEFAULT_GRACE_S = 3600
+#: The shortest grace allowed: the uploader stores a segment object again when its commit is
+#: delayed past OBJECT_REFRESH_SECONDS, so an object awaiting its commit is never older than
+#: that; twice it leaves room for the commit itself.
+MIN_GRACE_S = 2 * OBJECT_REFRESH_SECONDS
 #: Deletions between two reads of the manifest: small enough that a commit landing during a
 #: run is seen within a few hundred milliseconds, large enough to keep etcd reads rare.
 DELETE_BATCH = 100
@@ -112,8 +118,11 @@ async def collect_orphans(
 
     ``now_ms`` is the clock the ages are measured against (default: the wall clock).
     """
-    if grace_s < 0:
-        raise ValueError(f"grace_s must be >= 0 (got {grace_s})")
+    if grace_s < MIN_GRACE_S:
+        raise ValueError(
+            f"grace_s must be at least {MIN_GRACE_S:.0f} s, twice the uploader's refresh age "
+            f"of a stored segment object awaiting its commit (got {grace_s})"
+        )
     now = int(time.time() * 1000) if now_ms is None else now_ms
     report = OrphanReport(dry_run=dry_run, grace_s=grace_s)
     referenced = await referenced_objects(kv, keys)

@@ -52,7 +52,12 @@ from typing import TypeVar
 
 from crc32c import crc32c
 
-from danube_ingest.errors import DanubeIngestError, FrameError, ObjectFormatError
+from danube_ingest.errors import (
+    DanubeIngestError,
+    FrameError,
+    ObjectFormatError,
+    ObjectNotFoundError,
+)
 from danube_ingest.metadata.clock import read_clock
 from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError
 from danube_ingest.metadata.manifest import (
@@ -75,6 +80,15 @@ _T = TypeVar("_T")
 
 #: Uncompressed bytes of one topic's WAL frames grouped into one object frame.
 OBJECT_FRAME_BYTES = 1024 * 1024
+
+
+#: Seconds after which a stored segment object whose manifest commit has not landed yet is
+#: stored again (the same bytes under the same key) right before the commit, so its age starts
+#: over: the orphan collector deletes only unreferenced objects older than its grace period,
+#: which must be at least twice this (``objects.orphans.MIN_GRACE_S``), so an object is never
+#: collected between being stored and being committed, however long the commit was delayed
+#: (etcd away, ranges waiting for their topic).
+OBJECT_REFRESH_SECONDS = 600.0
 
 
 def segment_key(broker_id: str, region: str, seq: int) -> str:
@@ -221,6 +235,7 @@ class SegmentUploader:
         codec: str = "zstd",
         concurrency: int = 4,
         retry: RetryPolicy | None = None,
+        refresh_after_s: float = OBJECT_REFRESH_SECONDS,
     ) -> None:
         self._store = store
         self._objects = objects
@@ -241,6 +256,10 @@ class SegmentUploader:
         self._recovered: set[tuple[str, int]] = set()
         #: (region, seq) of every queued segment -> when it was queued (for the lag).
         self._queued_at: dict[tuple[str, int], float] = {}
+        self._refresh_after = refresh_after_s
+        #: segment object key -> when the stored object was last written (Unix seconds); an
+        #: object found stored by an earlier run counts from its own modification time.
+        self._stored_at: dict[str, float] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -349,6 +368,7 @@ class SegmentUploader:
         if await self._objects.put_if_absent(obj.key, obj.data):
             self.stats.puts += 1
             self.stats.bytes += obj.size
+            self._stored_at[obj.key] = time.time()
             return SegmentObject(obj.key, obj.size, obj.crc, obj.footer, None)
         # Stored by an earlier run (or a retried PUT that had succeeded): use what is there.
         stored = await self._objects.get(obj.key)
@@ -362,6 +382,7 @@ class SegmentUploader:
             await self._objects.put(obj.key, obj.data)
             self.stats.puts += 1
             self.stats.bytes += obj.size
+            self._stored_at[obj.key] = time.time()
             return SegmentObject(obj.key, obj.size, obj.crc, obj.footer, None, found=True)
         if _offsets(footer) != _offsets(obj.footer):
             raise ObjectFormatError(
@@ -371,11 +392,45 @@ class SegmentUploader:
                 f"(stored: {_offsets(footer)}, segment: {_offsets(obj.footer)})",
             )
         log.info("segment object already stored key=%s", obj.key)
+        info = await self._objects.stat(obj.key)
+        modified_ms = None if info is None else info.modified_ms
+        # No modification time (memory store): count it as stored long ago.
+        self._stored_at[obj.key] = 0.0 if modified_ms is None else modified_ms / 1000
         return SegmentObject(obj.key, len(stored), crc32c(stored), footer, None, found=True)
+
+    async def _refresh(self, region: RegionLog, obj: SegmentObject) -> None:
+        """Store ``obj`` again (its own bytes, or the segment's object if it is gone), so that
+        its age starts over before its manifest commit (see ``OBJECT_REFRESH_SECONDS``)."""
+        try:
+            stored: bytes | None = await self._objects.get(obj.key)
+        except ObjectNotFoundError:
+            stored = None
+        if stored is not None and len(stored) == obj.size and crc32c(stored) == obj.crc:
+            await self._objects.put(obj.key, stored)
+            self.stats.puts += 1
+            self.stats.bytes += obj.size
+            self._stored_at[obj.key] = time.time()
+            log.info("segment object stored again before a delayed commit key=%s", obj.key)
+            return
+        seq = _seq_of(obj.key)
+        data = await region.read(seq, 0, region.segment_sizes[seq])
+        built = await asyncio.to_thread(build_segment_object, data, key=obj.key, codec=self._codec)
+        if built.size != obj.size or built.crc != obj.crc:
+            raise ObjectFormatError(
+                obj.key,
+                None,
+                "the stored segment object changed or vanished before its commit and the "
+                "segment no longer builds the same bytes; not committing it",
+            )
+        await self._put(built)
+        log.warning("segment object was gone before its commit; stored again key=%s", obj.key)
 
     async def _commit(self, region: RegionLog, obj: SegmentObject) -> None:
         ownership = self._ownership
         seq = _seq_of(obj.key)
+        stored_at = self._stored_at.get(obj.key)
+        if stored_at is not None and time.time() - stored_at > self._refresh_after:
+            await self._refresh(region, obj)
         ranges: list[ObjectRange] = []
         # Topics whose ranges may be committed already, or may have been written before
         # another broker owned the topic: checked against the manifest before committing.
@@ -419,6 +474,7 @@ class SegmentUploader:
             result = CommitResult(done.committed, done.already + already, done.fenced + stale)
         self.stats.ranges += len(result.committed)
         self.stats.already += len(result.already)
+        self._stored_at.pop(obj.key, None)  # stored again (and stat'ed) if it comes back
         if result.fenced:
             self.stats.orphans[(region.region, seq)] = sorted(result.fenced)
             log.error(

@@ -16,8 +16,13 @@ import pytest
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.metadata.clock import ClockMark, ClockWriter
 from danube_ingest.objects.binfmt import decode_frame_bytes, parse_object
+from danube_ingest.objects.orphans import MIN_GRACE_S, collect_orphans
 from danube_ingest.objects.store import ObjectStore
-from danube_ingest.objects.uploader import build_segment_object, segment_key
+from danube_ingest.objects.uploader import (
+    OBJECT_REFRESH_SECONDS,
+    build_segment_object,
+    segment_key,
+)
 
 from .support import ColdStack, T, assert_one_line, eventually, payloads, prune_all, read_n
 
@@ -259,3 +264,50 @@ async def test_a_range_below_another_owners_clock_is_never_committed(
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_stored_object_whose_commit_was_delayed_is_stored_again_before_it(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
+) -> None:
+    """An object stored long ago whose manifest commit never landed (etcd away, a crash) is an
+    orphan to the collector; the uploader stores it again right before committing it, so the
+    collector's grace period (at least twice that age) can never expire between the two."""
+    root = tmp_path / "objects"
+    objects = ObjectStore("fs", options={"root": str(root)})
+    stack = await ColdStack(etcd_kv, keys, objects, tmp_path / "wal").open()
+    try:
+        await stack.acquire(T)
+        await stack.append(T, payloads(T, 50))
+        await stack.seal()
+        region = stack.store.regions[0]
+        seq = min(region.sealed)
+        key = segment_key("b1", "r0", seq)
+        data = await region.read(seq, 0, region.segment_sizes[seq])
+        whole = build_segment_object(data, key=key, codec="zstd").data
+        assert whole is not None
+        # An earlier run stored it two hours ago and never committed it.
+        await objects.put(key, whole)
+        two_hours_ago = time.time() - 7200
+        os.utime(root / key, (two_hours_ago, two_hours_ago))
+        report = await collect_orphans(etcd_kv, keys, objects, grace_s=MIN_GRACE_S, dry_run=True)
+        assert report.deleted == [key]  # an orphan the collector may take
+
+        stack.uploader.start()
+        await stack.seal_and_upload()
+        info = await objects.stat(key)
+        assert info is not None and info.modified_ms is not None
+        assert info.modified_ms > (time.time() - 60) * 1000  # stored again before the commit
+        assert await objects.get(key) == whole
+        assert_one_line(await stack.manifest.ranges(T), 50)
+        report = await collect_orphans(etcd_kv, keys, objects, grace_s=MIN_GRACE_S)
+        assert report.deleted == [] and report.kept == 1
+    finally:
+        await stack.close()
+
+
+async def test_the_collectors_grace_covers_the_uploaders_refresh_age(
+    etcd_kv: EtcdKV, keys: Keys
+) -> None:
+    assert MIN_GRACE_S >= 2 * OBJECT_REFRESH_SECONDS
+    with pytest.raises(ValueError, match="at least"):
+        await collect_orphans(etcd_kv, keys, ObjectStore.memory(), grace_s=MIN_GRACE_S - 1)
