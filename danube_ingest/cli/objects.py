@@ -67,13 +67,18 @@ def _gc(args: argparse.Namespace) -> int:
     return asyncio.run(_gc_async(args))
 
 
-async def _gc_async(args: argparse.Namespace) -> int:
+async def _open(args: argparse.Namespace) -> tuple[Keys, ObjectStore, EtcdKV]:
+    """The key layout, object store and etcd connection the options and config name."""
     overrides = {"broker.data_dir": args.data_dir} if args.data_dir else None
     config = load_config(args.config, overrides)
     endpoints = args.etcd.split(",") if args.etcd else config.etcd.endpoints
-    keys = Keys(args.prefix or config.etcd.prefix)
     objects = ObjectStore.from_config(config)
     kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    return Keys(args.prefix or config.etcd.prefix), objects, kv
+
+
+async def _gc_async(args: argparse.Namespace) -> int:
+    keys, objects, kv = await _open(args)
     try:
         report = await collect_orphans(
             kv, keys, objects, grace_s=args.grace_s, dry_run=args.dry_run
@@ -101,12 +106,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 async def _verify_async(args: argparse.Namespace) -> int:
-    overrides = {"broker.data_dir": args.data_dir} if args.data_dir else None
-    config = load_config(args.config, overrides)
-    endpoints = args.etcd.split(",") if args.etcd else config.etcd.endpoints
-    keys = Keys(args.prefix or config.etcd.prefix)
-    objects = ObjectStore.from_config(config)
-    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    keys, objects, kv = await _open(args)
     try:
         topics = args.topic or [
             record.name for record in await Records(kv, keys).list_topics() if record.reliable
