@@ -68,7 +68,7 @@ from danube_ingest.config.models import BrokerConfig
 from danube_ingest.errors import ConfigError, DanubeIngestError
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV, Compare, Put
-from danube_ingest.objects.store import ObjectStore, is_credential_option
+from danube_ingest.objects.store import ObjectStore, is_credential_option, location_options
 from danube_ingest.schema import SchemaRegistry
 from danube_ingest.schema.kvstore import KVSchemaStore
 
@@ -178,18 +178,7 @@ class StoreSpec:
                 "storage.cloud.backend is 'memory': Spark tasks cannot share it; use fs, s3 or "
                 "gcs, or the local engine"
             )
-        options: dict[str, str] = {}
-        if cloud.backend == "fs":
-            options["root"] = config.objects_root()
-        else:
-            assert cloud.bucket is not None  # CloudConfig requires it for s3 and gcs
-            options["bucket"] = cloud.bucket
-            if cloud.root:
-                options["root"] = cloud.root
-            if cloud.endpoint is not None:
-                options["endpoint"] = cloud.endpoint
-            if cloud.region is not None:
-                options["region"] = cloud.region
+        options = location_options(config)
         options.update(cloud.options)
         return cls(cloud.backend, options)
 

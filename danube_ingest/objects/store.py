@@ -204,6 +204,24 @@ class ObjectInfo:
     """Last modification, Unix milliseconds; None where the backend keeps no time (memory)."""
 
 
+def location_options(config: BrokerConfig) -> dict[str, str]:
+    """opendal's options naming where ``storage.cloud`` (fs, s3 or gcs) keeps its objects: root,
+    bucket, endpoint, region. No credentials, and not ``storage.cloud.options``."""
+    cloud = config.storage.cloud
+    if cloud.backend == "fs":
+        return {"root": config.objects_root()}
+    assert cloud.bucket is not None  # CloudConfig requires it for s3 and gcs
+    options = {"bucket": cloud.bucket}
+    if cloud.root:
+        options["root"] = cloud.root
+    if cloud.endpoint is not None:
+        options["endpoint"] = cloud.endpoint
+    if cloud.backend == "s3":
+        assert cloud.region is not None  # CloudConfig requires it for s3
+        options["region"] = cloud.region
+    return options
+
+
 class ObjectStore:
     """Async object storage over one opendal operator; see the module docstring for guarantees.
 
@@ -264,22 +282,12 @@ class ObjectStore:
         policy = RetryPolicy.from_config(config.storage.uploader)
         if cloud.backend == "memory":
             return cls.memory(retry=policy)
-        options: dict[str, str] = {}
+        options = location_options(config)
         min_free = 0
         if cloud.backend == "fs":
-            options["root"] = config.objects_root()
             # The lower half of the WAL's floor: room to ship segments while publishes wait.
             min_free = config.storage.wal.retention.min_free_bytes // 2
-        else:
-            assert cloud.bucket is not None  # CloudConfig requires it for s3 and gcs
-            options["bucket"] = cloud.bucket
-            if cloud.root:
-                options["root"] = cloud.root
-            if cloud.endpoint is not None:
-                options["endpoint"] = cloud.endpoint
         if cloud.backend == "s3":
-            assert cloud.region is not None  # CloudConfig requires it for s3
-            options["region"] = cloud.region
             secret = cloud.secret_access_key
             if (cloud.access_key_id is None) != (secret is None):
                 raise ConfigError(
