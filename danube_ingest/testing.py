@@ -318,7 +318,10 @@ class BrokerProcess:
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                # A hung shutdown must fail the caller, not leave a broker running for good.
+                # A hung shutdown must fail the caller, not leave a broker running for good;
+                # SIGUSR1 first, so its log shows where it was stuck (every thread's stack).
+                self.process.send_signal(signal.SIGUSR1)
+                time.sleep(1)
                 self.process.kill()
                 self.process.wait(timeout=30)
                 raise RuntimeError(

@@ -137,6 +137,9 @@ class Server:
         try:
             return self.process.wait(SERVER_TIMEOUT)
         except subprocess.TimeoutExpired:
+            # Where it is stuck: the daemon writes every thread's stack on SIGUSR1.
+            os.killpg(self.process.pid, signal.SIGUSR1)
+            time.sleep(2)
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
             raise AssertionError(f"{self.what} did not stop on SIGINT:\n{self.output()}") from None

@@ -19,7 +19,7 @@ from danube_ingest.cli.dagster_ui import DagsterUI, DagsterUIError
 from danube_ingest.config import BrokerConfig, load_config
 from danube_ingest.datadir import DataDirLock
 from danube_ingest.metadata.server import EtcdServer
-from danube_ingest.runtime import run_daemon, tune_gc
+from danube_ingest.runtime import run_daemon, shutdown_done, stop_on_signals, tune_gc
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,10 @@ async def serve(
     lock: DataDirLock | None = None,
     stop: asyncio.Event | None = None,
     ready: Callable[[Broker], None] | None = None,
+    on_force: Callable[[], None] | None = None,
 ) -> None:
-    """Run a broker until SIGTERM or SIGINT (or ``stop`` is set), then shut it down cleanly.
+    """Run a broker until SIGTERM or SIGINT (or ``stop`` is set), then shut it down cleanly;
+    a second signal exits at once (``runtime.stop_on_signals``, which calls ``on_force``).
 
     ``lock``: the data directories' lock when the caller took it (``Broker``); ``ready`` is
     called once the broker serves.
@@ -105,9 +107,7 @@ async def serve(
     tune_gc()
     broker = Broker(config, lock=lock)
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(stop, on_force=on_force)
     await broker.start()
     print(f"danube-ingest broker {config.broker.broker_id} serving on {broker.url}", flush=True)
     try:
@@ -116,6 +116,7 @@ async def serve(
         await stop.wait()
     finally:
         await broker.stop()
+        shutdown_done()
 
 
 def _broker(args: argparse.Namespace) -> int:
@@ -180,6 +181,7 @@ def _banner(args: argparse.Namespace, etcd: EtcdServer, dagster: DagsterUI | Non
 async def _run_dev(
     config: BrokerConfig,
     lock: DataDirLock,
+    etcd: EtcdServer,
     dagster: DagsterUI | None,
     banner: str,
 ) -> int:
@@ -201,6 +203,11 @@ async def _run_dev(
 
     watcher = None
 
+    def on_force() -> None:
+        if dagster is not None:
+            dagster.stop(timeout=2)
+        etcd.stop(timeout=2)
+
     def ready(broker: Broker) -> None:
         nonlocal watcher
         print(banner, flush=True)
@@ -208,7 +215,7 @@ async def _run_dev(
             watcher = asyncio.create_task(watch_dagster(dagster))
 
     try:
-        await serve(config, lock=lock, stop=stop, ready=ready)
+        await serve(config, lock=lock, stop=stop, ready=ready, on_force=on_force)
     finally:
         stop.set()
         if dagster is not None:
@@ -250,7 +257,9 @@ def _dev(args: argparse.Namespace) -> int:
             codes: list[int] = []
 
             async def main() -> None:
-                codes.append(await _run_dev(config, lock, dagster, _banner(args, etcd, dagster)))
+                codes.append(
+                    await _run_dev(config, lock, etcd, dagster, _banner(args, etcd, dagster))
+                )
 
             run_daemon(main())
         finally:
