@@ -44,6 +44,7 @@ def collect_orphan_objects(
             "kept": report.kept,
             "no_time": len(report.no_time),
             "rescued": report.rescued,
+            "retired_recently": report.retired_recently,
             "dry_run": report.dry_run,
             "deleted_keys": MetadataValue.md("\n".join(f"- {k}" for k in report.deleted) or "-"),
         },

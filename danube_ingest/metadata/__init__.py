@@ -39,6 +39,9 @@ from danube_ingest.metadata.manifest import (
     ManifestConflictError,
     ObjectKind,
     ObjectRange,
+    Retired,
+    retire_ops,
+    retired_objects,
 )
 from danube_ingest.metadata.marks import PruneMarks, subscription_cursors
 from danube_ingest.metadata.offsets import OffsetReservation
@@ -90,6 +93,7 @@ __all__ = [
     "PruneMarks",
     "Put",
     "Records",
+    "Retired",
     "RevisionCompactedError",
     "SubscriptionRecord",
     "TopicRecord",
@@ -100,6 +104,8 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
     "find_etcd_binary",
+    "retire_ops",
+    "retired_objects",
     "split_topic",
     "subscription_cursors",
 ]

@@ -15,6 +15,8 @@ Below the prefix (default ``/danube``); ``{ns}/{topic}`` comes from a topic name
     wal/{broker}/{region}/floor/{ns}/{topic}       prune mark
     storage/topics/{ns}/{topic}/objects/{start:020}  manifest entry
     storage/topics/{ns}/{topic}/clock              ingest clock (offset, ingest_ms)
+    storage/retired/{object key}                   {object_key, retired_ms}: an object a
+                                                   manifest change stopped naming
     tables/{ns}/{topic}/...                        Parquet frontiers and renditions
 
 A name segment (namespace, topic, subscription, broker id, region) is 1 to 255 characters
@@ -167,6 +169,16 @@ class Keys:
     def topic_clock(self, topic: str) -> str:
         """The topic's ingest clock: offsets committed to the manifest and the time after them."""
         return f"{self.prefix}/storage/topics/{self._topic_path(topic)}/clock"
+
+    def storage_retired_prefix(self) -> str:
+        """Prefix of the retirement records (objects a manifest change stopped naming)."""
+        return f"{self.prefix}/storage/retired/"
+
+    def storage_retired(self, object_key: str) -> str:
+        """The retirement record of an object (its key in the object store, as is)."""
+        if not object_key or object_key.startswith("/"):
+            raise InvalidNameError(f"invalid object key {object_key!r}")
+        return f"{self.storage_retired_prefix()}{object_key}"
 
     def tables_prefix(self, topic: str) -> str:
         """Prefix of the topic's Parquet frontiers and renditions."""

@@ -14,6 +14,14 @@ Guarantees:
   entries with that broker and epoch. It is idempotent: a re-run finds its entries and writes
   nothing.
 * ``replace`` swaps entries in one compare-and-swap, for rotation, which is not an owner.
+* Retirement: a change that removes entries (``replace``, and any later removal) writes, in
+  the same transaction, a retirement record ``storage/retired/{object key}`` =
+  ``{object_key, retired_ms}`` for every object an old entry named (``retire_ops``). The
+  orphan collector deletes an object no entry names only once both the object and its latest
+  retirement are older than its grace period, so a reader that opened the object just before
+  the change finishes with it. A record is rewritten by each later change that removes
+  another entry naming the same object (a segment object holds many topics), so its time is
+  never before the last reference went.
 
 Transactions of ``commit``, one per chunk of at most ``_TXN_BUDGET`` topics + ranges::
 
@@ -38,7 +46,8 @@ import dataclasses
 import itertools
 import json
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -75,6 +84,46 @@ _INT_FIELDS = (
     "last_ingest_ms",
     "epoch",
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Retired:
+    """A retirement record: ``object_key`` stopped being named by some manifest entry at
+    ``retired_ms`` (ms since the epoch); other entries may still name it."""
+
+    object_key: str
+    retired_ms: int
+
+    def encode(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, key: str) -> Retired:
+        """Parse a record stored at ``key``; ``MetadataError`` naming ``key`` if malformed."""
+        try:
+            raw = json.loads(data)
+            record = cls(object_key=raw["object_key"], retired_ms=raw["retired_ms"])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise MetadataError(f"malformed retirement record at {key}: {exc}") from exc
+        if not isinstance(record.object_key, str) or not isinstance(record.retired_ms, int):
+            raise MetadataError(f"malformed retirement record at {key}: wrong field types")
+        return record
+
+
+def retire_ops(keys: Keys, object_keys: Iterable[str], now_ms: int | None = None) -> list[Put]:
+    """Puts of the retirement records of ``object_keys`` (distinct, in order), stamped
+    ``now_ms`` (default: the wall clock). Add them to the transaction that removes the entries
+    naming those objects."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    return [
+        Put(keys.storage_retired(k), Retired(k, now).encode()) for k in dict.fromkeys(object_keys)
+    ]
+
+
+async def retired_objects(kv: KV, keys: Keys) -> dict[str, Retired]:
+    """Object key -> its retirement record, from one prefix read."""
+    head = keys.storage_retired_prefix()
+    return {r.key[len(head) :]: Retired.decode(r.value, r.key) for r in await kv.get_prefix(head)}
 
 
 class ManifestConflictError(MetadataError):
@@ -252,6 +301,8 @@ class Manifest:
         ownership: Ownership | None,
         old: Sequence[ObjectRange],
         new: Sequence[ObjectRange],
+        *,
+        now_ms: int | None = None,
     ) -> bool:
         """Swap entries ``old`` of one topic for ``new``, atomically (rotation).
 
@@ -266,6 +317,9 @@ class Manifest:
         With ``ownership``, the swap is also fenced by that broker's ownership of the topic
         (``FencedError`` if it lost it).
 
+        The same transaction writes the retirement records of the objects only old entries
+        named (``retire_ops``, stamped ``now_ms``).
+
         Returns ``True`` once swapped, ``False`` if an old entry changed or a new key appeared
         (nothing written: re-read and plan again). Raises ``InvalidRangeError`` if ``new`` does
         not hold exactly what ``old`` holds, or if the swap needs more than etcd's 128 ops.
@@ -277,6 +331,9 @@ class Manifest:
         compares += [Compare.absent(k) for k in new_keys if k not in old_keys]
         ops: list[TxnOp] = [Delete(k) for k in old_keys if k not in new_keys]
         ops += [Put(k, r.encode()) for k, r in new_keys.items()]
+        kept = {r.object_key for r in new}
+        gone = [r.object_key for r in old if r.object_key not in kept]
+        ops += retire_ops(self.keys, gone, now_ms)
         fence = 0 if ownership is None else 1
         if len(compares) + fence > _MAX_TXN_OPS or len(ops) > _MAX_TXN_OPS:
             raise InvalidRangeError(

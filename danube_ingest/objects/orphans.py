@@ -7,15 +7,22 @@ collects its own staging and renditions.
 
 Why the grace period (default an hour): the uploader PUTs a segment object *before* committing
 its manifest entries, ``put_large`` streams under ``_staging/`` before moving the object, and a
-reader that opened an object before rotation replaced its entries must be able to finish. An
-object the backend gives no modification time for (``memory``) is never deleted, only reported.
+reader that opened an object before rotation replaced its entries must be able to finish. So
+an orphan is due once the object is older than the grace period *and*, if a manifest change
+retired it (a retirement record ``storage/retired/{key}``, written by rotation, retention and
+topic deletion in the transaction that removed the entries), that retirement is older too.
+An object the backend gives no modification time for (``memory``) is deleted only through a
+retirement record older than the grace period; without one it is never deleted, only
+reported. A deleted object's retirement record goes with it, as does a record whose object
+is gone.
 
 Guarantees:
 
 * An object named by a manifest entry is never deleted: the manifest is read once before
   listing, and again right before each batch of deletions, so a commit that lands meanwhile
   keeps its object (counted in ``OrphanReport.rescued``).
-* An object younger than the grace period is never deleted.
+* An object younger than the grace period, or retired more recently than that, is never
+  deleted.
 * ``dry_run`` deletes nothing and reports what would go.
 * Idempotent: a second run finds nothing more to delete; a run that dies half-way leaves only
   orphans for the next one.
@@ -44,8 +51,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from danube_ingest.metadata.keys import Keys
-from danube_ingest.metadata.kv import KV
-from danube_ingest.metadata.manifest import Manifest, ObjectRange
+from danube_ingest.metadata.kv import KV, Compare, Delete
+from danube_ingest.metadata.manifest import Manifest, ObjectRange, Retired, retired_objects
 from danube_ingest.objects.store import STAGING_PREFIX, ObjectStore
 from danube_ingest.objects.uploader import OBJECT_REFRESH_SECONDS
 from danube_ingest.objects.verify import TopicReport, verify_topic
@@ -88,6 +95,10 @@ class OrphanReport:
     """Orphans the backend gives no modification time for: kept, never deleted."""
     rescued: int = 0
     """Orphans a manifest commit named between the listing and their deletion: kept."""
+    retired_recently: int = 0
+    """Orphans (counted in ``too_young``) whose retirement is younger than the grace period."""
+    records_dropped: int = 0
+    """Retirement records removed: of deleted objects, and of objects already gone."""
 
 
 async def referenced_objects(kv: KV, keys: Keys) -> dict[str, set[str]]:
@@ -131,7 +142,10 @@ async def collect_orphans(
     for prefix in (*OBJECT_PREFIXES, STAGING_PREFIX):
         candidates += await store.list(prefix)
     report.candidates = len(candidates)
+    retired = await retired_objects(kv, keys)
+    grace_ms = grace_s * 1000
     due: list[tuple[str, int]] = []
+    listed = set(candidates)
     for key in candidates:
         if key in referenced:
             report.kept += 1
@@ -139,20 +153,29 @@ async def collect_orphans(
         info = await store.stat(key)
         if info is None:
             continue  # gone since the listing (a staging object moved, another run)
-        if info.modified_ms is None:
+        record = retired.get(key)
+        if record is not None and now - record.retired_ms < grace_ms:
+            report.too_young += 1
+            report.too_young_bytes += info.size
+            report.retired_recently += 1
+        elif info.modified_ms is None and record is None:
             report.no_time.append(key)
             log.warning(
                 "orphan kept: the store gives no modification time key=%s store=%s",
                 key,
                 store.description,
             )
-        elif now - info.modified_ms < grace_s * 1000:
+        elif info.modified_ms is not None and now - info.modified_ms < grace_ms:
             report.too_young += 1
             report.too_young_bytes += info.size
         else:
             due.append((key, info.size))
     for start in range(0, len(due), DELETE_BATCH):
         await _delete_batch(kv, keys, store, due[start : start + DELETE_BATCH], report)
+    # Records of objects no longer stored (deleted by an earlier run that died before
+    # dropping the record, or by hand) are dropped too.
+    stale = [k for k in retired if k not in listed and await store.stat(k) is None]
+    await _drop_records(kv, keys, stale, retired, report)
     log.info(
         "orphan collection done dry_run=%s store=%s candidates=%d referenced=%d deleted=%d "
         "bytes=%d too_young=%d no_time=%d rescued=%d",
@@ -174,6 +197,7 @@ async def _delete_batch(
 ) -> None:
     # A commit may have landed since the first read: the manifest as it is now decides.
     referenced = await referenced_objects(kv, keys)
+    deleted: list[str] = []
     for key, size in batch:
         if key in referenced:
             report.rescued += 1
@@ -184,6 +208,25 @@ async def _delete_batch(
             log.info("orphan deleted key=%s bytes=%d", key, size)
         report.deleted.append(key)
         report.deleted_bytes += size
+        deleted.append(key)
+    await _drop_records(kv, keys, deleted, await retired_objects(kv, keys), report)
+
+
+async def _drop_records(
+    kv: KV, keys: Keys, objects: Sequence[str], retired: dict[str, Retired], report: OrphanReport
+) -> None:
+    """Delete the retirement records of ``objects`` (those that have one; none with
+    ``dry_run``). Each is compared with the value read, so a record rewritten meanwhile (its
+    object was retired again: a new upload at the same key is impossible, but be exact)
+    stays."""
+    for key in objects:
+        record = retired.get(key)
+        if record is None or report.dry_run:
+            continue
+        stored = keys.storage_retired(key)
+        done = await kv.txn([Compare.value_is(stored, record.encode())], [Delete(stored)])
+        if done.succeeded:
+            report.records_dropped += 1
 
 
 @dataclass

@@ -20,6 +20,8 @@ from danube_ingest.metadata import (
     MemoryKV,
     MetadataError,
     ObjectRange,
+    Retired,
+    retired_objects,
 )
 
 from .conftest import Broker
@@ -379,10 +381,21 @@ async def test_replace_swaps_entries_atomically(
     parts = [seg(T, 0, 100, seq=1), seg(T, 100, 250, seq=2), seg(T, 250, 300, seq=3)]
     old = (await manifest.commit(a.ownership, parts)).committed
     new = merged(old[0], old[1])
-    assert await manifest.replace(None, old[:2], [new])
+    assert await manifest.replace(None, old[:2], [new], now_ms=1234)
     assert await manifest.ranges(T) == [new, old[2]]
     stored = await snapshot(kv, keys)
-    assert [s.key for s in stored] == [keys.storage_object(T, 0), keys.storage_object(T, 250)]
+    # The two entries left, and (same transaction) the retirement records of the objects
+    # that only the replaced entries named.
+    assert [s.key for s in stored] == [
+        keys.storage_retired(old[0].object_key),
+        keys.storage_retired(old[1].object_key),
+        keys.storage_object(T, 0),
+        keys.storage_object(T, 250),
+    ]
+    assert len({s.mod_revision for s in stored[:3]}) == 1
+    assert await retired_objects(kv, keys) == {
+        o.object_key: Retired(o.object_key, 1234) for o in old[:2]
+    }
     # The same swap again: its old entries are gone, so it fails and changes nothing.
     assert not await manifest.replace(None, old[:2], [new])
     assert await snapshot(kv, keys) == stored

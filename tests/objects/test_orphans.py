@@ -13,7 +13,7 @@ from crc32c import crc32c
 
 from danube_ingest.cli import main
 from danube_ingest.metadata import BrokerSession, EtcdKV, Keys, Ownership
-from danube_ingest.metadata.manifest import Manifest, ObjectRange
+from danube_ingest.metadata.manifest import Manifest, ObjectRange, retire_ops, retired_objects
 from danube_ingest.objects.binfmt import BinWriter
 from danube_ingest.objects.orphans import collect_orphans, manifest_integrity
 from danube_ingest.objects.store import ObjectInfo, ObjectStore
@@ -150,6 +150,42 @@ async def test_a_commit_landing_before_the_delete_keeps_its_object(
     assert report.deleted == ["segments/b/r0/00000000000000000004.bin"]
     assert await store.list("") == [rng.object_key]
     assert (await topic.manifest.ranges(T))[0].object_key == rng.object_key
+
+
+async def test_a_replaced_object_waits_for_its_retirement_grace_then_goes(topic: Topic) -> None:
+    """Rotation-style swap: the old object is retired in the swap's transaction and kept
+    for the grace period from then, however old the object itself is (a reader that opened
+    it just before the swap finishes); then deleted, its record with it."""
+    store = topic.objects
+    await topic.commit(await topic.put("segments/b/r0/00000000000000000005.bin", 0, 100))
+    [old] = await topic.manifest.ranges(T)  # as stored: stamped with the broker and epoch
+    rolled = await topic.put("topics/default/rolled/r.bin", 0, 100)
+    rolled = ObjectRange(**{**_fields(rolled), "kind": "topic"})
+    swap_ms = int(time.time() * 1000) + 5 * HOUR_MS  # the object is hours old by then
+    assert await topic.manifest.replace(None, [old], [rolled], now_ms=swap_ms)
+    assert list(await retired_objects(topic.kv, topic.keys)) == [old.object_key]
+
+    soon = await collect_orphans(topic.kv, topic.keys, store, now_ms=swap_ms + 60_000)
+    assert soon.deleted == [] and soon.retired_recently == 1 and soon.kept == 1
+    assert old.object_key in await store.list("segments/")
+
+    later = await collect_orphans(topic.kv, topic.keys, store, now_ms=swap_ms + 2 * HOUR_MS)
+    # Also on memory, which gives no modification time: the retirement record dates it.
+    assert later.deleted == [old.object_key] and later.records_dropped == 1
+    assert await store.list("segments/") == []
+    assert await retired_objects(topic.kv, topic.keys) == {}
+    assert [r.object_key for r in await topic.manifest.ranges(T)] == [rolled.object_key]
+
+
+async def test_a_retirement_record_of_a_vanished_object_is_dropped(topic: Topic) -> None:
+    await topic.kv.txn([], retire_ops(topic.keys, ["segments/b/r0/gone.bin"], now_ms=0))
+    report = await collect_orphans(topic.kv, topic.keys, topic.objects)
+    assert report.records_dropped == 1 and report.deleted == []
+    assert await retired_objects(topic.kv, topic.keys) == {}
+
+
+def _fields(rng: ObjectRange) -> dict[str, object]:
+    return {f: getattr(rng, f) for f in rng.__slots__}
 
 
 async def test_integrity_passes_with_gaps_and_fails_on_damaged_objects(topic: Topic) -> None:
