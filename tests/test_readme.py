@@ -79,9 +79,10 @@ def _free(port: int) -> bool:
     return True
 
 
-def _wait_for_default_ports() -> None:
+def _wait_for_default_ports(*ports: int) -> None:
+    """Until ``ports`` (default: all the README's) are free."""
     deadline = time.monotonic() + SERVER_TIMEOUT
-    ports = (BROKER_PORT, ETCD_PORT, ETCD_PEER_PORT)
+    ports = ports or (BROKER_PORT, ETCD_PORT, ETCD_PEER_PORT)
     while not all(_free(port) for port in ports):
         busy = [port for port in ports if not _free(port)]
         assert time.monotonic() < deadline, (
@@ -124,8 +125,10 @@ class Server:
         return self.log.read_text(errors="replace")[-3000:]
 
     def wait_serving(self, port: int, *, grpc_ready: bool) -> None:
+        """Until the port answers and the command itself said it serves (so another process
+        on the port is never taken for it)."""
         deadline = time.monotonic() + SERVER_TIMEOUT
-        while not _serving(port, grpc_ready):
+        while "serving on" not in self.output() or not _serving(port, grpc_ready):
             assert self.process.poll() is None, f"{self.what} exited:\n{self.output()}"
             assert time.monotonic() < deadline, f"{self.what} not serving:\n{self.output()}"
             time.sleep(0.2)
@@ -241,6 +244,7 @@ def test_running_it_commands_finish(tmp_path: Path) -> None:
                 else:
                     assert words[1] == "etcd", f"no stand-in known for {command!r}"
                     port, grpc_ready = ETCD_PORT, False
+                _wait_for_default_ports(port)
                 server = Server(f"exec {command}", clone, tmp_path / f"server{n}.log")
                 servers.append(server)
                 server.wait_serving(port, grpc_ready=grpc_ready)
