@@ -145,34 +145,35 @@ async def _apply_topic(
 ) -> TopicRetention:
     result = TopicRetention(topic, policy)
     lost = 0
-    while True:
-        entries = await manifest.ranges(topic)
-        count, reason = expired_prefix(entries, policy, now)
-        result.kept_bytes = sum(r.byte_length for r in entries[count:])
-        if count == 0:
-            break
+    entries = await manifest.ranges(topic)
+    count, reason = expired_prefix(entries, policy, now)
+    while count:
         chunk = entries[: min(count, CHUNK)]
-        if await manifest.remove(chunk, now, reason=reason):
-            lost = 0
-            result.expired += chunk
-            result.expired_bytes += sum(r.byte_length for r in chunk)
-            result.reason = _merge(result.reason, reason)
-            log.info(
-                "retention expired topic=%s ranges=%d from=%d to=%d bytes=%d reason=%s",
-                topic,
-                len(chunk),
-                chunk[0].start_offset,
-                chunk[-1].end_offset,
-                sum(r.byte_length for r in chunk),
-                reason,
-            )
+        if not await manifest.remove(chunk, now, reason=reason):
+            lost += 1
+            if lost >= _ATTEMPTS:
+                raise MetadataError(
+                    f"retention of {topic}: the manifest changed under {lost} removals in a "
+                    "row; try again"
+                )
+            entries = await manifest.ranges(topic)  # a rotation swapped entries: plan again
+            count, reason = expired_prefix(entries, policy, now)
             continue
-        lost += 1
-        if lost >= _ATTEMPTS:
-            raise MetadataError(
-                f"retention of {topic}: the manifest changed under {lost} removals in a row; "
-                "try again"
-            )
+        lost = 0
+        entries, count = entries[len(chunk) :], count - len(chunk)
+        result.expired += chunk
+        result.expired_bytes += sum(r.byte_length for r in chunk)
+        result.reason = _merge(result.reason, reason)
+        log.info(
+            "retention expired topic=%s ranges=%d from=%d to=%d bytes=%d reason=%s",
+            topic,
+            len(chunk),
+            chunk[0].start_offset,
+            chunk[-1].end_offset,
+            sum(r.byte_length for r in chunk),
+            reason,
+        )
+    result.kept_bytes = sum(r.byte_length for r in entries)
     floor = await manifest.floor(topic)
     result.floor = None if floor is None else floor.offset
     return result

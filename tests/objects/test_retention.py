@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from danube_ingest.errors import OffsetOutOfRangeError
 from danube_ingest.metadata import EtcdKV, Keys
-from danube_ingest.metadata.kv import MemoryKV
-from danube_ingest.metadata.manifest import ObjectRange, retired_objects
+from danube_ingest.metadata.kv import Delete, MemoryKV
+from danube_ingest.metadata.manifest import Manifest, ObjectRange, retired_objects
 from danube_ingest.metadata.policies import (
     InvalidPolicyError,
     Policies,
@@ -167,3 +168,38 @@ async def test_policies_store_and_reject_bad_values() -> None:
     assert await policies.clear("/ns") and not await policies.clear("/ns")
     with pytest.raises(ValueError, match="expected '/namespace' or '/namespace/topic'"):
         await policies.get("ns")
+
+
+class _RotatingKV(MemoryKV):
+    """A MemoryKV on which a rotation lands right before the first removal transaction."""
+
+    rotate: ObjectRange | None = None
+
+    async def txn(self, compares: Any, success: Any, failure: Any = ()) -> Any:
+        old = self.rotate
+        if old is not None and any(isinstance(op, Delete) for op in success):
+            self.rotate = None
+            new = dataclasses.replace(old, object_key="topics/default/rolled/x.bin", kind="topic")
+            assert await Manifest(self, Keys()).replace(None, [old], [new], now_ms=1)
+        return await super().txn(compares, success, failure)
+
+
+async def test_a_rotation_landing_first_makes_retention_plan_again() -> None:
+    kv = _RotatingKV()
+    manifest = Manifest(kv, Keys())
+    ranges = [
+        ObjectRange(T, f"k{i}", i * 10, i * 10 + 10, 10, 0, 5, 5, 0, 0, 100 + i, "segment")
+        for i in range(3)
+    ]
+    for rng in ranges:
+        await kv.put(manifest.key(rng), rng.encode())
+    kv.rotate = ranges[0]
+    await Policies(kv, Keys()).set(T, RetentionPolicy(max_age_ms=10))
+    report = await apply_retention(kv, Keys(), now_ms=112)  # expires last ingest < 102
+    [done] = report.topics
+    assert [(r.start_offset, r.object_key) for r in done.expired] == [
+        (0, "topics/default/rolled/x.bin"),
+        (10, "k1"),
+    ]
+    assert _starts(await manifest.ranges(T)) == [20] and done.floor == 20
+    assert sorted(await retired_objects(kv, Keys())) == ["k0", "k1", "topics/default/rolled/x.bin"]
