@@ -3,6 +3,8 @@
 * :mod:`assets.parquet` - ``parquet_partitions``: committed Parquet per topic and hour, its
   sensor and checks; job ``parquet_collect`` (dead runs' staging, unheld draining renditions).
 * :mod:`assets.objects` - jobs ``object_gc`` (orphaned objects) and ``manifest_integrity``.
+* :mod:`assets.retention` - jobs ``object_retention`` (objects and tables) and
+  ``etcd_compaction``.
 * :mod:`assets.wal_marks` - ``wal_prune_marks``: per-topic WAL prune marks in etcd.
 """
 
@@ -14,11 +16,14 @@ from assets.parquet import (
     parquet_partitions,
     parquet_topics_sensor,
 )
+from assets.retention import etcd_compaction, object_retention
 from assets.wal_marks import wal_prune_marks
 
 __all__ = [
+    "etcd_compaction",
     "manifest_integrity_job",
     "object_gc",
+    "object_retention",
     "parquet_checks",
     "parquet_collect",
     "parquet_job",

@@ -12,8 +12,10 @@ from dagster import (
 )
 
 from assets import (
+    etcd_compaction,
     manifest_integrity_job,
     object_gc,
+    object_retention,
     parquet_checks,
     parquet_collect,
     parquet_job,
@@ -69,6 +71,20 @@ manifest_integrity_schedule = ScheduleDefinition(
     default_status=DefaultScheduleStatus.RUNNING,
 )
 
+#: Hourly: expired ranges leave the manifest; their objects go with a later object_gc run
+#: once the retirement is older than its grace.
+object_retention_schedule = ScheduleDefinition(
+    job=object_retention, cron_schedule="30 * * * *", default_status=DefaultScheduleStatus.RUNNING
+)
+
+#: Every 6 hours: etcd keeps an hour of history (``compaction.DEFAULT_KEEP_S``) and what holds
+#: need; between runs it grows by six hours of writes at most.
+etcd_compaction_schedule = ScheduleDefinition(
+    job=etcd_compaction,
+    cron_schedule="15 */6 * * *",
+    default_status=DefaultScheduleStatus.RUNNING,
+)
+
 defs = Definitions(
     assets=[wal_prune_marks, parquet_partitions],
     asset_checks=parquet_checks,
@@ -79,6 +95,8 @@ defs = Definitions(
         parquet_collect,
         object_gc,
         manifest_integrity_job,
+        object_retention,
+        etcd_compaction,
     ],
     schedules=[
         prune_marks_schedule,
@@ -86,6 +104,8 @@ defs = Definitions(
         parquet_collect_schedule,
         object_gc_schedule,
         manifest_integrity_schedule,
+        object_retention_schedule,
+        etcd_compaction_schedule,
     ],
     sensors=[parquet_topics_sensor],
     resources={

@@ -12,6 +12,13 @@ over to it, and collect what no reader needs any more.
    the next ``collect`` takes it. ``building`` renditions are never collected (a build may be
    under way; a rendition that was never activated is the operator's to activate or leave).
 
+4. ``expire_partitions`` applies a table's retention (the ``table_max_age_ms`` of the topic's
+   retention policy, :mod:`danube_ingest.metadata.policies`): the table's ``since`` moves
+   forward to the partition holding ``now - table_max_age`` (``commit.advance_since``, never
+   past ``upper``), then the published partitions wholly below ``since`` lose their files and
+   their commit records in every rendition no reader holds (a held one is skipped and
+   reported; the next run takes it).
+
 Everything here is safe to run at any time, concurrently with conversions and readers: the
 functions it calls decide under compare-and-swaps.
 """
@@ -19,20 +26,29 @@ functions it calls decide under compare-and-swaps.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
-from danube_ingest.analytics.commit import collect_staging
+from danube_ingest.analytics.commit import advance_since, collect_staging
 from danube_ingest.analytics.convert import current_conversion
 from danube_ingest.analytics.errors import RenditionHeldError
-from danube_ingest.analytics.layout import DEFAULT_ROOT
-from danube_ingest.analytics.records import RenditionRecord, TableKeys
+from danube_ingest.analytics.layout import DEFAULT_ROOT, partition_end, partition_start
+from danube_ingest.analytics.records import HoldRecord, PartitionCommit, RenditionRecord, TableKeys
 from danube_ingest.analytics.renditions import collect_rendition, create_rendition, read_table
 from danube_ingest.metadata.keys import Keys
-from danube_ingest.metadata.kv import KV
+from danube_ingest.metadata.kv import KV, Compare, Delete
+from danube_ingest.metadata.policies import Policies, RetentionPolicy, effective
 from danube_ingest.metadata.records import Records
 from danube_ingest.objects.store import ObjectStore
 
-__all__ = ["COLLECT_GRACE_S", "CollectResult", "collect", "new_rendition"]
+__all__ = [
+    "COLLECT_GRACE_S",
+    "CollectResult",
+    "ExpireResult",
+    "collect",
+    "expire_partitions",
+    "new_rendition",
+]
 
 log = logging.getLogger(__name__)
 
@@ -130,3 +146,100 @@ async def collect(
         len(held),
     )
     return CollectResult(staging, collected, files, held)
+
+
+@dataclass
+class ExpireResult:
+    """What one ``expire_partitions`` run moved and deleted."""
+
+    since: dict[str, int] = field(default_factory=dict)
+    """Topic -> its table's ``since`` after the run, for tables with a ``table_max_age``."""
+    partitions: list[tuple[str, str, int]] = field(default_factory=list)
+    """``(topic, rendition, start_ms)`` of the partitions whose files were deleted."""
+    files_deleted: int = 0
+    bytes_deleted: int = 0
+    held: list[tuple[str, str]] = field(default_factory=list)
+    """``(topic, rendition)`` skipped because a reader holds them."""
+
+
+async def expire_partitions(
+    kv: KV,
+    keys: Keys,
+    warehouse: ObjectStore,
+    *,
+    default: RetentionPolicy | None = None,
+    now_ms: int | None = None,
+) -> ExpireResult:
+    """Apply every table's ``table_max_age_ms`` (topic's policy over its namespace's over
+    ``default``) at ``now_ms`` (default: the wall clock); see the module docstring.
+    Idempotent: a re-run at the same clock deletes nothing more."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    stored = await Policies(kv, keys).all()
+    base = default or RetentionPolicy()
+    result = ExpireResult()
+    for record in await Records(kv, keys).list_topics():
+        max_age = effective(record.name, stored, base).table_max_age_ms
+        table = None if max_age is None else await read_table(kv, keys, record.name)
+        if max_age is None or table is None:
+            continue
+        since = min(partition_start(now - max_age, table.width_s), table.upper_ms)
+        table = await advance_since(kv, keys, record.name, max(since, table.since_ms))
+        result.since[record.name] = table.since_ms
+        await _expire_below(kv, keys, warehouse, record.name, table.since_ms, table.width_s, result)
+    log.info(
+        "table retention done tables=%d partitions=%d files=%d bytes=%d held=%d",
+        len(result.since),
+        len(result.partitions),
+        result.files_deleted,
+        result.bytes_deleted,
+        len(result.held),
+    )
+    return result
+
+
+async def _expire_below(
+    kv: KV,
+    keys: Keys,
+    warehouse: ObjectStore,
+    topic: str,
+    since: int,
+    width_s: int,
+    result: ExpireResult,
+) -> None:
+    tables = TableKeys(keys, topic)
+    holds = [
+        HoldRecord.decode(e.value, e.key).rendition
+        for e in await kv.get_prefix(tables.holds_prefix())
+    ]
+    for entry in await kv.get_prefix(tables.renditions_prefix()):
+        if not tables.is_rendition(entry.key):
+            continue
+        rendition = entry.key[len(tables.renditions_prefix()) :]
+        if RenditionRecord.decode(entry.value, entry.key).state == "collected":
+            continue
+        below = []
+        for part in await kv.get_prefix(tables.parts_prefix(rendition)):
+            commit = PartitionCommit.decode(part.value, part.key)
+            if commit.published and partition_end(commit.start_ms, width_s) <= since:
+                below.append((part, commit))
+        if not below:
+            continue
+        if rendition in holds:
+            result.held.append((topic, rendition))
+            continue
+        for part, commit in below:
+            # Files first: a run that dies half-way leaves the record, and the next deletes
+            # the rest. Readers never read below since, so nobody misses them.
+            for file in commit.files:
+                await warehouse.delete(file.path)
+                result.files_deleted += 1
+                result.bytes_deleted += file.size
+            await kv.txn([Compare.unchanged(part.key, part)], [Delete(part.key)])
+            result.partitions.append((topic, rendition, commit.start_ms))
+            log.info(
+                "table partition expired topic=%s rendition=%s start_ms=%d files=%d",
+                topic,
+                rendition,
+                commit.start_ms,
+                len(commit.files),
+            )

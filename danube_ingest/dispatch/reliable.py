@@ -32,7 +32,8 @@ Guarantees of a :class:`ReliableSubscription` started at offset ``s``:
   network error, and counting those would poison healthy messages on a flaky network.
 * **Retention.** If the cursor falls below the topic's first retained offset, the subscription
   skips to that offset (logged at warning level, counted in ``stats.skipped``): those entries
-  no longer exist anywhere the store can read.
+  no longer exist anywhere the store can read. The same holds below the retained floor of the
+  topic's objects (object retention): the cold reader names the floor, never a silent gap.
 * **Acks** may arrive in any order and from any consumer; acks and nacks of unknown or settled
   offsets are ignored. A late ack (after the ack timeout) still settles the entry.
 
@@ -425,12 +426,13 @@ class ReliableSubscription:
 
     def _skip_to(self, first_offset: int) -> None:
         log.warning(
-            "subscription cursor below the retained log, skipping topic=%s subscription=%s "
-            "from_offset=%d to_offset=%d",
+            "subscription below the retained floor, moved to it topic=%s subscription=%s "
+            "cursor=%d floor=%d skipped=%d",
             self.topic,
             self.name,
             self._read_next,
             first_offset,
+            first_offset - self._read_next,
         )
         self.stats.skipped += first_offset - self._read_next
         self._reader.close()

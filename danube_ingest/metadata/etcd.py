@@ -69,6 +69,10 @@ _CHANNEL_OPTIONS = {
 _LEASE_NOT_FOUND = "requested lease not found"
 
 
+#: etcd's message for a compaction at or below the last one (``mvcc.ErrCompacted``).
+_COMPACTED = "required revision has been compacted"
+
+
 def _encode(key: str) -> bytes:
     return key.encode("utf-8", "surrogateescape")
 
@@ -286,6 +290,24 @@ class EtcdKV:
             write=False,
         )
         return _EtcdWatch(self, prefix, watch)
+
+    async def compact(self, revision: int) -> None:
+        """See ``KV.compact``: etcd's own, not waiting for the physical compaction."""
+        try:
+            await self._rpc(f"compact {revision}", self._client.compact(revision), write=True)
+        except MetadataError as exc:
+            # etcd answers a compaction at or below the last one with this plain error.
+            if isinstance(exc, RevisionCompactedError) or _COMPACTED not in str(exc):
+                raise
+            raise RevisionCompactedError(
+                f"etcd {self._endpoint}: compact {revision}: already compacted at or past it",
+                revision,
+            ) from exc
+
+    async def db_size(self) -> int | None:
+        """See ``KV.db_size``: the answering member's database size."""
+        status = await self._rpc("status", self._client.status(), write=False)
+        return int(status.db_size)
 
     async def close(self) -> None:
         """See ``KV.close``."""

@@ -15,8 +15,16 @@ Below the prefix (default ``/danube``); ``{ns}/{topic}`` comes from a topic name
     wal/{broker}/{region}/floor/{ns}/{topic}       prune mark
     storage/topics/{ns}/{topic}/objects/{start:020}  manifest entry
     storage/topics/{ns}/{topic}/clock              ingest clock (offset, ingest_ms)
+    storage/topics/{ns}/{topic}/floor              {offset, expired_ms, reason}: retention
+                                                   removed every range below offset
     storage/retired/{object key}                   {object_key, retired_ms}: an object a
                                                    manifest change stopped naming
+    policies/{ns}                                  RetentionPolicy of a namespace
+    policies/{ns}/{topic}                          RetentionPolicy of a topic (over its ns's)
+    compaction/samples                             [[ms, revision], ...]: etcd revisions seen
+                                                   by the compaction job, oldest first
+    revision_holds/{name}                          {revision, holder}: keep etcd history from
+                                                   revision on (under the holder's lease)
     tables/{ns}/{topic}/...                        Parquet frontiers and renditions
 
 A name segment (namespace, topic, subscription, broker id, region) is 1 to 255 characters
@@ -170,6 +178,10 @@ class Keys:
         """The topic's ingest clock: offsets committed to the manifest and the time after them."""
         return f"{self.prefix}/storage/topics/{self._topic_path(topic)}/clock"
 
+    def topic_floor(self, topic: str) -> str:
+        """The topic's retained floor: retention removed every manifest range below it."""
+        return f"{self.prefix}/storage/topics/{self._topic_path(topic)}/floor"
+
     def storage_retired_prefix(self) -> str:
         """Prefix of the retirement records (objects a manifest change stopped naming)."""
         return f"{self.prefix}/storage/retired/"
@@ -183,3 +195,32 @@ class Keys:
     def tables_prefix(self, topic: str) -> str:
         """Prefix of the topic's Parquet frontiers and renditions."""
         return f"{self.prefix}/tables/{self._topic_path(topic)}/"
+
+    # retention policies, etcd compaction
+
+    def policies_prefix(self) -> str:
+        """Prefix of every retention policy (namespaces' and topics')."""
+        return f"{self.prefix}/policies/"
+
+    def policy(self, scope: str) -> str:
+        """The retention policy of ``scope``: a namespace ``/ns`` or a topic ``/ns/topic``."""
+        parts = scope.split("/")
+        if len(parts) == 2 and parts[0] == "":
+            return f"{self.policies_prefix()}{check_segment(parts[1], 'namespace')}"
+        if len(parts) == 3 and parts[0] == "":
+            return f"{self.policies_prefix()}{self._topic_path(scope)}"
+        raise InvalidNameError(
+            f"invalid retention scope {scope!r}: expected '/namespace' or '/namespace/topic'"
+        )
+
+    def compaction_samples(self) -> str:
+        """The (time, revision) samples the etcd compaction job keeps."""
+        return f"{self.prefix}/compaction/samples"
+
+    def revision_holds_prefix(self) -> str:
+        """Prefix of the revision holds (readers of old revisions that compaction must keep)."""
+        return f"{self.prefix}/revision_holds/"
+
+    def revision_hold(self, name: str) -> str:
+        """A revision hold ``{revision, holder}``, under its holder's lease."""
+        return f"{self.revision_holds_prefix()}{check_segment(name, 'revision hold name')}"

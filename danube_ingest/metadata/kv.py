@@ -224,6 +224,17 @@ class KV(Protocol):
         """
         ...
 
+    async def compact(self, revision: int) -> None:
+        """Drop the history of changes before ``revision`` (etcd's ``compact``): a watch from
+        an older revision then raises ``RevisionCompactedError``; current values are kept.
+        ``RevisionCompactedError`` if history was already compacted at or past ``revision``,
+        ``MetadataError`` if ``revision`` is in the future."""
+        ...
+
+    async def db_size(self) -> int | None:
+        """The store's database size in bytes, ``None`` where it has none (in memory)."""
+        ...
+
     async def close(self) -> None:
         """Release connections and end every watch. Idempotent."""
         ...
@@ -306,6 +317,7 @@ class MemoryKV:
         self._watches: set[_MemoryWatch] = set()
         self._history: deque[tuple[int, WatchEvent]] = deque(maxlen=history)
         self._compacted_through = 0
+        self._compact_revision = 0
         self._closed = False
 
     async def get(self, key: str) -> KeyValue | None:
@@ -384,6 +396,29 @@ class MemoryKV:
                     watch.push(event)
         self._watches.add(watch)
         return watch
+
+    async def compact(self, revision: int) -> None:
+        """See ``KV.compact``."""
+        self._check_open()
+        if revision <= self._compact_revision:
+            raise RevisionCompactedError(
+                f"cannot compact at revision {revision}: already compacted at "
+                f"{self._compact_revision}",
+                self._compact_revision,
+            )
+        if revision > self._revision:
+            raise MetadataError(
+                f"cannot compact at revision {revision}: the store is at {self._revision}"
+            )
+        self._compact_revision = revision
+        self._compacted_through = max(self._compacted_through, revision - 1)
+        while self._history and self._history[0][0] < revision:
+            self._history.popleft()
+
+    async def db_size(self) -> int | None:
+        """See ``KV.db_size``: ``None``, nothing is on disk."""
+        self._check_open()
+        return None
 
     async def close(self) -> None:
         """See ``KV.close``."""

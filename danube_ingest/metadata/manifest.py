@@ -14,6 +14,9 @@ Guarantees:
   entries with that broker and epoch. It is idempotent: a re-run finds its entries and writes
   nothing.
 * ``replace`` swaps entries in one compare-and-swap, for rotation, which is not an owner.
+* ``remove`` drops a topic's oldest entries in one compare-and-swap, for retention, and raises
+  the topic's retained floor (``storage/topics/{ns}/{topic}/floor`` = ``TopicFloor``) in the
+  same transaction: readers below the floor are moved up to it, never handed a silent gap.
 * Retirement: a change that removes entries (``replace``, and any later removal) writes, in
   the same transaction, a retirement record ``storage/retired/{object key}`` =
   ``{object_key, retired_ms}`` for every object an old entry named (``retire_ops``). The
@@ -108,6 +111,33 @@ class Retired:
         if not isinstance(record.object_key, str) or not isinstance(record.retired_ms, int):
             raise MetadataError(f"malformed retirement record at {key}: wrong field types")
         return record
+
+
+@dataclass(frozen=True, slots=True)
+class TopicFloor:
+    """A topic's retained floor: retention removed every manifest range below ``offset``."""
+
+    offset: int
+    """Offsets below it are gone from objects (the WAL may still hold some of them)."""
+    expired_ms: int
+    """When the floor was last raised (ms since the epoch)."""
+    reason: str
+    """Why: ``"max_age"``, ``"max_bytes"`` or both, comma-separated."""
+
+    def encode(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, key: str) -> TopicFloor:
+        """Parse a floor stored at ``key``; ``MetadataError`` naming ``key`` if malformed."""
+        try:
+            raw = json.loads(data)
+            floor = cls(offset=raw["offset"], expired_ms=raw["expired_ms"], reason=raw["reason"])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise MetadataError(f"malformed retained floor at {key}: {exc}") from exc
+        if not isinstance(floor.offset, int) or not isinstance(floor.expired_ms, int):
+            raise MetadataError(f"malformed retained floor at {key}: wrong field types")
+        return floor
 
 
 def retire_ops(keys: Keys, object_keys: Iterable[str], now_ms: int | None = None) -> list[Put]:
@@ -352,6 +382,62 @@ class Manifest:
             swapped,
         )
         return swapped
+
+    async def floor(self, topic: str) -> TopicFloor | None:
+        """The topic's retained floor, ``None`` while retention never removed a range."""
+        stored = await self.kv.get(self.keys.topic_floor(topic))
+        return None if stored is None else TopicFloor.decode(stored.value, stored.key)
+
+    async def remove(
+        self, old: Sequence[ObjectRange], now_ms: int | None = None, *, reason: str = "retention"
+    ) -> bool:
+        """Remove entries ``old`` of one topic, atomically (retention), and raise the topic's
+        retained floor to the end of the highest of them (never lowering it).
+
+        Like ``replace``, the compare-and-swap is the guard: it compares every old entry's
+        exact stored value and the floor as read (or its absence). The same transaction writes
+        the retirement records of every object an old entry named (``retire_ops``, stamped
+        ``now_ms``): the orphan collector deletes those no other entry names once the
+        retirement is older than its grace period.
+
+        Returns ``True`` once removed, ``False`` if an old entry or the floor changed (nothing
+        written: re-read and plan again). Raises ``InvalidRangeError`` for entries of several
+        topics, overlapping ones, or more than one transaction holds.
+        """
+        if not old:
+            raise InvalidRangeError("a manifest removal needs entries")
+        topic = old[0].topic
+        if any(r.topic != topic for r in old):
+            raise InvalidRangeError(f"a manifest removal is of one topic; got {topic} and others")
+        ordered = _sorted_disjoint(old, "entries to remove")
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        floor_key = self.keys.topic_floor(topic)
+        stored = await self.kv.get(floor_key)
+        previous = None if stored is None else TopicFloor.decode(stored.value, floor_key)
+        offset = max(ordered[-1].end_offset, 0 if previous is None else previous.offset)
+        compares = [Compare.value_is(self.key(r), r.encode()) for r in ordered]
+        seen = Compare.absent(floor_key)
+        if stored is not None:
+            seen = Compare.value_is(floor_key, stored.value)
+        compares.append(seen)
+        ops: list[TxnOp] = [Delete(self.key(r)) for r in ordered]
+        ops += retire_ops(self.keys, [r.object_key for r in ordered], now)
+        ops.append(Put(floor_key, TopicFloor(offset, now, reason).encode()))
+        if len(compares) > _MAX_TXN_OPS or len(ops) > _MAX_TXN_OPS:
+            raise InvalidRangeError(
+                f"cannot remove {len(old)} entries of {topic} in one transaction: etcd allows "
+                f"{_MAX_TXN_OPS} ops; remove fewer at a time"
+            )
+        removed = (await self.kv.txn(compares, ops)).succeeded
+        log.info(
+            "manifest remove topic=%s entries=%s floor=%s reason=%s removed=%s",
+            topic,
+            len(old),
+            offset,
+            reason,
+            removed,
+        )
+        return removed
 
     async def _read(self, topic: str) -> list[ObjectRange]:
         stored = await self.kv.get_prefix(self.keys.storage_objects_prefix(topic))

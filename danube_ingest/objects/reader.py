@@ -14,7 +14,10 @@ A TopicReader positioned below its topic's WAL floor reads through an :class:`Ob
 Memory per cursor is bounded by ``prefetch + 1`` reads of at most ``read_bytes``, decoded
 (the default: 3 x 4 MiB of stored bytes).
 Offsets missing between two manifest ranges were jumped over (a takeover's reservation gap)
-and never existed; the cursor passes over them, as WAL readers do.
+and never existed; the cursor passes over them, as WAL readers do. Offsets below the topic's
+retained floor (retention removed their ranges, :mod:`danube_ingest.objects.retention`) are
+another matter: a read there raises ``OffsetOutOfRangeError`` naming the floor, so the caller
+moves up to it and says so, never passing over expired data silently.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import asyncio
 import logging
 from collections import OrderedDict, deque
 
-from danube_ingest.errors import ObjectFormatError, ObjectNotFoundError
+from danube_ingest.errors import ObjectFormatError, ObjectNotFoundError, OffsetOutOfRangeError
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
 from danube_ingest.objects.binfmt import Footer, FrameRef, decode_frame_bytes, read_footer_from
 from danube_ingest.objects.store import ObjectStore
@@ -119,7 +122,9 @@ class ObjectCursor:
         """Entries from offset ``nxt`` on (at most ``max_batch``), and the offset reached.
 
         Returns ``([], n)`` with ``n > nxt`` when offsets ``[nxt, n)`` never existed, and
-        ``([], nxt)`` when the objects hold nothing at or after ``nxt``.
+        ``([], nxt)`` when the objects hold nothing at or after ``nxt``. Raises
+        ``OffsetOutOfRangeError`` (its ``first_offset`` the floor) when the objects hold
+        nothing at ``nxt`` and ``nxt`` is below the topic's retained floor.
         """
         refreshed = False
         while True:
@@ -146,12 +151,14 @@ class ObjectCursor:
             rng = self._next_range(nxt)
             if rng is None:
                 if refreshed:
+                    await self._check_floor(nxt)
                     return [], nxt
                 refreshed = True
                 self._reset()
                 self._ranges.extend(await self._cloud.manifest.ranges(self.topic, nxt))
                 continue
             if rng.start_offset > nxt:
+                await self._check_floor(nxt)
                 return [], rng.start_offset
             try:
                 footer = await self._cloud.footer(rng.object_key, rng.object_size)
@@ -177,6 +184,13 @@ class ObjectCursor:
                     f"no frame of {self.topic} at or after offset {nxt} "
                     f"(manifest range {rng.start_offset}..{rng.end_offset})",
                 )
+
+    async def _check_floor(self, nxt: int) -> None:
+        """Raise ``OffsetOutOfRangeError`` if ``nxt`` is below the retained floor (read only
+        here, where the manifest holds nothing at ``nxt``: a rare, cold case)."""
+        floor = await self._cloud.manifest.floor(self.topic)
+        if floor is not None and nxt < floor.offset:
+            raise OffsetOutOfRangeError(self.topic, nxt, floor.offset)
 
     def _next_range(self, nxt: int) -> ObjectRange | None:
         ranges = self._ranges

@@ -516,7 +516,9 @@ class SegmentUploader:
         would put older epochs after newer ones and readers past that point would never see
         the range, so it stays orphaned in the local WAL instead. Also behind: a range starting
         below the topic's clock offset, which promises readers that nothing more is ever added
-        below it (another owner declared those offsets complete meanwhile).
+        below it (another owner declared those offsets complete meanwhile), or below its
+        retained floor (retention removed the range after an earlier commit of it: a re-run
+        must not bring it back, naming an object the orphan collector may have deleted).
         """
         todo: list[ObjectRange] = []
         done: list[ObjectRange] = []
@@ -527,7 +529,10 @@ class SegmentUploader:
             if not existing:
                 if rng.topic not in clocks:
                     clock = await read_clock(self._manifest.kv, self._manifest.keys, rng.topic)
-                    clocks[rng.topic] = 0 if clock is None else clock.offset
+                    floor = await self._manifest.floor(rng.topic)
+                    clocks[rng.topic] = max(
+                        0 if clock is None else clock.offset, 0 if floor is None else floor.offset
+                    )
                 (behind if rng.start_offset < clocks[rng.topic] else todo).append(rng)
                 continue
             try:

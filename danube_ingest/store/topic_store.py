@@ -12,7 +12,8 @@ Guarantees:
 * Below the topic's first retained offset (the WAL floor) a reader continues from the object
   store when a :class:`~danube_ingest.objects.reader.CloudReader` is attached (``attach_cloud``)
   and switches back to segment files, cache and live appends at the floor, with no gap or
-  duplicate; without one it raises ``OffsetOutOfRangeError``.
+  duplicate; without one it raises ``OffsetOutOfRangeError``, as it does below the retained
+  floor of the topic's objects (object retention removed those ranges), naming that floor.
 * With ``max_wal_bytes`` set, appends fail with ``WalBackpressureError`` (retriable) while the
   regions hold more than that many bytes of segments, until the cleaner frees space.
 * With ``min_free_bytes`` set, appends fail with ``WalBackpressureError`` (retriable) before

@@ -12,12 +12,18 @@ import pytest
 from danube_ingest.analytics import layout
 from danube_ingest.analytics.commit import begin
 from danube_ingest.analytics.convert import CONVERTER_VERSION, convert
-from danube_ingest.analytics.lifecycle import COLLECT_GRACE_S, collect, new_rendition
+from danube_ingest.analytics.lifecycle import (
+    COLLECT_GRACE_S,
+    collect,
+    expire_partitions,
+    new_rendition,
+)
 from danube_ingest.analytics.parquet import write_partition
 from danube_ingest.analytics.records import TableKeys
 from danube_ingest.analytics.renditions import activate, hold, read_rendition, read_table
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata import EtcdKV, Keys
+from danube_ingest.metadata.policies import Policies, RetentionPolicy
 from danube_ingest.objects.store import ObjectStore
 from tests.analytics.tables_support import SCHEMA, rows
 from tests.pipelines.parquet_support import H0, HOUR, ROOT, TOPIC, ingest_ms, publish_topic
@@ -114,3 +120,39 @@ async def test_a_dead_runs_staging_is_collected_after_the_grace_and_not_before(
     assert late.counts()["staging_runs_collected"] == 1
     assert files_below(tmp_path, staging) == {}
     assert files_below(tmp_path, f"{ROOT}r1/")  # the committed files are not staging
+
+
+async def test_table_retention_moves_since_and_deletes_the_partitions_below(
+    etcd_kv: EtcdKV, keys: Keys, store: ObjectStore, tmp_path: Path
+) -> None:
+    await publish_topic(etcd_kv, keys, hours=3, extra_ms=1, objects=store)
+    done = await convert(kv=etcd_kv, keys=keys, objects=store, warehouse=store, topic=TOPIC)
+    assert [p.start_ms for p in done.partitions] == [H0, H0 + HOUR, H0 + 2 * HOUR]
+    tables = TableKeys(keys, TOPIC)
+    before = {e.key for e in await etcd_kv.get_prefix(tables.parts_prefix("r1"))}
+    files = files_below(tmp_path, f"{ROOT}r1/")
+    # Keep 90 minutes at H0 + 3h: the partition holding H0 + 1.5h (from H0 + 1h) on.
+    await Policies(etcd_kv, keys).set("/default", RetentionPolicy(table_max_age_ms=HOUR * 3 // 2))
+    now = H0 + 3 * HOUR
+
+    async with hold(etcd_kv, keys, TOPIC):
+        held = await expire_partitions(etcd_kv, keys, store, now_ms=now)
+    assert held.since == {TOPIC: H0 + HOUR} and held.held == [(TOPIC, "r1")]
+    assert held.partitions == [] and files_below(tmp_path, f"{ROOT}r1/") == files
+
+    result = await expire_partitions(etcd_kv, keys, store, now_ms=now)
+    assert result.partitions == [(TOPIC, "r1", H0)] and result.held == []
+    table = await read_table(etcd_kv, keys, TOPIC)
+    assert table is not None and table.since_ms == H0 + HOUR
+    after = {e.key for e in await etcd_kv.get_prefix(tables.parts_prefix("r1"))}
+    assert after == before - {tables.part("r1", H0)}
+    left = files_below(tmp_path, f"{ROOT}r1/")
+    gone = set(files) - set(left)
+    assert gone and len(gone) == result.files_deleted
+    assert sum(len(files[g]) for g in gone) == result.bytes_deleted
+    assert all(layout.partition_dir("r1", TOPIC, H0, 3600) in g for g in gone)
+    assert not any(layout.partition_dir("r1", TOPIC, H0, 3600) in k for k in left)
+
+    again = await expire_partitions(etcd_kv, keys, store, now_ms=now)
+    assert again.partitions == [] and again.files_deleted == 0
+    assert files_below(tmp_path, f"{ROOT}r1/") == left

@@ -5,6 +5,7 @@ whose data left the WAL is served from objects and then live, without noticing."
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,11 @@ import pytest
 
 from danube_ingest.broker.server import Broker
 from danube_ingest.metadata import EtcdKV, Keys
+from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.marks import PruneMarks
+from danube_ingest.metadata.policies import Policies, RetentionPolicy
+from danube_ingest.metadata.records import Records, SubscriptionRecord
+from danube_ingest.objects.retention import apply_retention
 
 from .conftest import BrokerFactory
 from .support import Clients, Subscribed, eventually, offsets, payloads
@@ -132,3 +137,64 @@ async def test_a_full_wal_is_cleaned_at_once_not_at_the_next_pass(
     assert broker.store.wal_bytes() <= 256 * 1024 + 2 * 64 * 1024
     info = broker.store.info(T)
     assert info is not None and info.first_offset > 0 and info.high_watermark == 2000
+
+
+async def test_subscription_below_the_retained_floor_resumes_at_it(
+    make_broker: BrokerFactory,
+    etcd_server: str,
+    etcd_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Retention removed the oldest range under a subscription persisted at cursor 0 (as a
+    restarted broker finds it): the subscription moves up to the floor, says so in the log,
+    and persists the moved cursor."""
+    broker: Broker = await make_broker(**COLD)
+    assert broker.objects is not None and broker.uploader is not None
+    keys = Keys(etcd_prefix)
+    kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+    manifest = Manifest(kv, keys)
+    try:
+        async with Clients(broker.url) as clients:
+            producer = await clients.producer(T, "p1")
+            sent = [f"m{i:04}".encode().ljust(500, b".") for i in range(400)]
+            for payload in sent[:300]:
+                await producer.send(payload)
+            async with asyncio.timeout(20):
+                while await manifest.end_offset(T) < 300:
+                    await asyncio.sleep(0.1)
+            info = broker.store.info(T)  # type: ignore[union-attr]
+            assert info is not None
+            await PruneMarks(kv, keys).set_mark("broker-1", info.region, T, 300)
+            await eventually(lambda: broker.cleaner.stats.segments >= 1, "pruning")  # type: ignore[union-attr]
+            ranges = await manifest.ranges(T)
+            assert len(ranges) >= 2
+            # Keep the bytes of every range but the oldest: it expires.
+            kept = sum(r.byte_length for r in ranges[1:])
+            await Policies(kv, keys).set(T, RetentionPolicy(max_bytes=kept))
+            report = await apply_retention(kv, keys)
+            floor = ranges[0].end_offset
+            assert [t.floor for t in report.topics] == [floor]
+            # A subscription whose cursor is 0, not loaded by the broker yet.
+            records = Records(kv, keys)
+            await records.put_subscription(SubscriptionRecord(T, "s1", "Exclusive"))
+            await records.set_cursor(T, "s1", 0)
+
+            with caplog.at_level(logging.WARNING, logger="danube_ingest.dispatch.reliable"):
+                again = await clients.consumer(T, "s1", "c1")
+                got = await take_acking(again, 300 - floor)
+            for payload in sent[300:]:
+                await producer.send(payload)
+            live = await take_acking(again, 100)
+            everything = got + live
+            assert offsets(everything) == list(range(floor, 400))  # from the floor, in order
+            assert payloads(everything) == sent[floor:]
+            moved = [r.getMessage() for r in caplog.records if "retained floor" in r.getMessage()]
+            assert moved == [
+                f"subscription below the retained floor, moved to it topic={T} subscription=s1 "
+                f"cursor=0 floor={floor} skipped={floor}"
+            ]
+            async with asyncio.timeout(10):  # cursors are written by a periodic flush
+                while (await records.get_cursor(T, "s1") or 0) < 400:
+                    await asyncio.sleep(0.1)
+    finally:
+        await kv.close()

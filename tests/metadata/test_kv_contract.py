@@ -240,6 +240,29 @@ async def test_watch_from_a_revision_replays_history(kv: KV, p: str) -> None:
     await stream.cancel()
 
 
+async def test_compact_drops_history_before_the_revision_only(kv: KV, p: str) -> None:
+    first = await kv.put(f"{p}k/a", b"1")
+    second = await kv.put(f"{p}k/a", b"2")
+    await kv.compact(second)
+    with pytest.raises(RevisionCompactedError):  # etcd says so on the first event
+        await next_event(await kv.watch_prefix(f"{p}k/", start_revision=first))
+    stream = await kv.watch_prefix(f"{p}k/", start_revision=second)
+    assert (await next_event(stream)).kv.value == b"2"
+    await stream.cancel()
+    found = await kv.get(f"{p}k/a")
+    assert found is not None and found.value == b"2"
+    with pytest.raises(RevisionCompactedError):
+        await kv.compact(second)  # already compacted there
+    with pytest.raises(MetadataError) as future:
+        await kv.compact(second + 1000)
+    assert not isinstance(future.value, RevisionCompactedError)
+
+
+async def test_db_size_is_known_for_etcd_only(kv: KV) -> None:
+    size = await kv.db_size()
+    assert size is None if isinstance(kv, MemoryKV) else size is not None and size > 0
+
+
 async def test_cancelled_watch_ends_iteration(kv: KV, p: str) -> None:
     stream = await kv.watch_prefix(f"{p}c/")
     await stream.cancel()

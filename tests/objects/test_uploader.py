@@ -15,6 +15,7 @@ import pytest
 
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.metadata.clock import ClockMark, ClockWriter
+from danube_ingest.metadata.manifest import TopicFloor
 from danube_ingest.objects.binfmt import decode_frame_bytes, parse_object
 from danube_ingest.objects.orphans import MIN_GRACE_S, collect_orphans
 from danube_ingest.objects.store import ObjectStore
@@ -264,6 +265,23 @@ async def test_a_range_below_another_owners_clock_is_never_committed(
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_range_below_the_retained_floor_is_never_committed_again(
+    stack: ColdStack,
+) -> None:
+    """Retention removed the topic's range [0, 200) (its floor is 200) after a commit the
+    broker never recorded (it crashed before marking the segment uploaded): the re-run finds
+    no entry there and must not commit it again."""
+    await stack.acquire(T)
+    await stack.append(T, payloads(T, 200))
+    await stack.seal()
+    floor = TopicFloor(offset=200, expired_ms=1, reason="max_age")
+    await stack.kv.put(stack.keys.topic_floor(T), floor.encode())
+    stack.uploader.start()
+    await eventually(lambda: bool(stack.uploader.stats.orphans), lambda: stack.uploader.stats, 10)
+    assert await stack.manifest.ranges(T) == []
+    assert list(stack.uploader.stats.orphans) == [("r0", 0)]
 
 
 async def test_a_stored_object_whose_commit_was_delayed_is_stored_again_before_it(
