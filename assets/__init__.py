@@ -3,6 +3,7 @@
 * :mod:`assets.parquet` - ``parquet_partitions``: committed Parquet per topic and hour, its
   sensor and checks; job ``parquet_collect`` (dead runs' staging, unheld draining renditions).
 * :mod:`assets.objects` - jobs ``object_gc`` (orphaned objects) and ``manifest_integrity``.
+* :mod:`assets.rotation` - job ``rotate_topics`` and its ``rotation_sensor``.
 * :mod:`assets.wal_marks` - ``wal_prune_marks``: per-topic WAL prune marks in etcd.
 """
 
@@ -14,6 +15,7 @@ from assets.parquet import (
     parquet_partitions,
     parquet_topics_sensor,
 )
+from assets.rotation import rotate_topics, rotation_sensor
 from assets.wal_marks import wal_prune_marks
 
 __all__ = [
@@ -24,5 +26,7 @@ __all__ = [
     "parquet_job",
     "parquet_partitions",
     "parquet_topics_sensor",
+    "rotate_topics",
+    "rotation_sensor",
     "wal_prune_marks",
 ]

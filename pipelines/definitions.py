@@ -19,6 +19,8 @@ from assets import (
     parquet_job,
     parquet_partitions,
     parquet_topics_sensor,
+    rotate_topics,
+    rotation_sensor,
     wal_prune_marks,
 )
 from pipelines.resources import ConvertJobResource, EtcdResource, ObjectStoreResource
@@ -79,6 +81,7 @@ defs = Definitions(
         parquet_collect,
         object_gc,
         manifest_integrity_job,
+        rotate_topics,
     ],
     schedules=[
         prune_marks_schedule,
@@ -87,7 +90,7 @@ defs = Definitions(
         object_gc_schedule,
         manifest_integrity_schedule,
     ],
-    sensors=[parquet_topics_sensor],
+    sensors=[parquet_topics_sensor, rotation_sensor],
     resources={
         "etcd": EtcdResource.from_env(),
         "objects": ObjectStoreResource.from_env(),
