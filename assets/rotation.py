@@ -9,6 +9,7 @@ plans again and swaps with compare-and-swap: what the sensor saw is never truste
 
 import asyncio
 import json
+from typing import Any
 
 from dagster import (
     DefaultSensorStatus,
@@ -58,7 +59,7 @@ def rotate(
         return reports, errors
 
     reports, errors = asyncio.run(run())
-    metadata = {
+    metadata: dict[str, Any] = {
         "topics": len(topics),
         "objects_rotated": sum(len(r.objects) for r in reports),
         "ranges_replaced": sum(r.ranges_replaced for r in reports),
@@ -81,7 +82,7 @@ def rotate(
             f"rotation failed for {len(errors)} topic(s): " + "; ".join(errors),
             metadata={**metadata, "errors": MetadataValue.md("\n".join(errors))},
         )
-    return Output(metadata["objects_rotated"], metadata=metadata)  # type: ignore[arg-type]
+    return Output(metadata["objects_rotated"], metadata=metadata)
 
 
 @job(tags={"kind": "objects"}, config={"ops": {"rotate": {"config": {"topics": []}}}})
