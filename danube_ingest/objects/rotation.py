@@ -8,8 +8,11 @@ topic's consecutive small ranges into one object of its own::
 
 ``[start, end)`` are the offsets it holds (``end`` exclusive, as in manifest entries) and
 ``epoch`` the newest ownership epoch among the merged ranges. The object has the same ``.bin``
-format as a segment object, one topic, its frames re-compressed into frames of about
-``frame_bytes`` and indexed by its footer.
+format as a segment object, one topic, indexed by its footer. Small frames (a quiet topic's
+share of each segment) are decompressed and re-compressed together into frames of about
+``frame_bytes``; a frame already of at least half that size and of the configured codec is
+copied as stored, CRC32C checked (re-compressing it would cost most of rotation's time and
+gain nothing).
 
 Planning (:func:`plan_rotation`, pure in :func:`plan_ranges`): a topic's entries are walked in
 offset order and packed greedily into groups of consecutive ranges, at most
@@ -32,8 +35,8 @@ rotated.
 Rotating one group (:func:`rotate_group`):
 
 1. read the footer and the topic's byte range of every old object (ranged reads), check both
-   against the manifest entry, and copy the frames (CRC32C checked, decompressed) into a new
-   object (re-compressed), in a worker thread;
+   against the manifest entry, and copy the frames (CRC32C checked) into a new object, in a
+   worker thread;
 2. store it with ``put_if_absent`` under the deterministic key. An object already there (an
    earlier run that died, or a concurrent rotation of the same group) is used as it is when its
    footer holds exactly the group's offsets and entries; a damaged one nobody names is
@@ -63,6 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -76,6 +80,7 @@ from danube_ingest.metadata.keys import Keys, split_topic
 from danube_ingest.metadata.kv import KV
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
 from danube_ingest.objects.binfmt import (
+    CODECS,
     BinWriter,
     Footer,
     TopicSpan,
@@ -99,6 +104,8 @@ MAX_PASSES = 8
 CONFLICT_ATTEMPTS = 3
 #: Old objects read at once while building a group's object.
 READ_CONCURRENCY = 8
+#: ``raw_len`` in a frame prefix (``binfmt.layout``): bytes 8..12.
+_RAW_LEN = struct.Struct("<I")
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,16 +426,26 @@ def _build(
     parts: Sequence[tuple[ObjectRange, TopicSpan, bytes]],
     limits: RotationLimits,
 ) -> bytes:
-    """The rolling object of ``group``: every frame copied, re-compressed."""
+    """The rolling object of ``group``: its frames copied (see the module docstring)."""
     writer = BinWriter(limits.codec, frame_target_bytes=limits.frame_bytes)
+    codec = CODECS.index(limits.codec)
     for rng, span, data in parts:
         view = memoryview(data)
         for ref in span.frames:
             start = ref.position - span.position
+            frame = view[start : start + ref.length]
             try:
+                # A frame of the same codec and at least half the target size is copied as
+                # stored: re-compressing it would cost most of rotation's time for no gain.
+                if (
+                    frame[4] == codec
+                    and 2 * _RAW_LEN.unpack_from(frame, 8)[0] >= limits.frame_bytes
+                ):
+                    writer.add_frame(group.topic, frame, ref)
+                    continue
                 writer.add_wal_frames(
                     group.topic,
-                    frame_wal_bytes(view[start : start + ref.length], ref, rng.object_key),
+                    frame_wal_bytes(frame, ref, rng.object_key),
                     first_offset=ref.first_offset,
                     last_offset=ref.last_offset,
                     entries=ref.entries,

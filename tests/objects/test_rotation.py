@@ -15,6 +15,7 @@ from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.metadata.clock import ClockMark, ClockWriter, TopicClock
 from danube_ingest.metadata.kv import Compare, TxnOp, TxnResult
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
+from danube_ingest.objects.binfmt import parse_object
 from danube_ingest.objects.orphans import collect_orphans, manifest_integrity, referenced_objects
 from danube_ingest.objects.reader import CloudReader
 from danube_ingest.objects.rotation import (
@@ -161,6 +162,14 @@ async def read_all(manifest: Manifest, store: ObjectStore, end: int) -> list[int
     return offsets
 
 
+async def _frames(topic: Topic, ranges: Sequence[ObjectRange]) -> int:
+    """Object frames of ``T`` in the objects of ``ranges``."""
+    count = 0
+    for key in dict.fromkeys(r.object_key for r in ranges):
+        count += len(parse_object(await topic.objects.get(key)).topics[T].frames)
+    return count
+
+
 def assert_contiguous(ranges: Sequence[ObjectRange], end: int) -> None:
     position = 0
     for rng in ranges:
@@ -181,17 +190,29 @@ async def assert_no_orphans(topic: Topic) -> None:
     assert integrity.ok, integrity.problems
 
 
-async def test_rotation_reaches_the_bound_and_keeps_every_offset(topic: Topic) -> None:
+@pytest.mark.parametrize("frame_bytes", [4096, 1 << 20], ids=["copied", "recompressed"])
+async def test_rotation_reaches_the_bound_and_keeps_every_offset(
+    topic: Topic, frame_bytes: int
+) -> None:
+    """Frames of at least half ``frame_bytes`` are copied as stored; smaller ones are merged
+    and re-compressed."""
     await seed(topic, 40)
-    report = await rotate_topic(topic.manifest, topic.objects, T, LIMITS)
+    input_frames = await _frames(topic, await topic.manifest.ranges(T))
+    limits = RotationLimits(max_object_seconds=0.039, frame_bytes=frame_bytes)
+    report = await rotate_topic(topic.manifest, topic.objects, T, limits)
     ranges = await topic.manifest.ranges(T)
     assert report.entries_before == 40 and report.entries_after == len(ranges) == 10
     assert all(r.kind == "topic" and r.object_key.startswith("topics/") for r in ranges)
     assert len({r.object_key for r in ranges}) == 10
     assert report.ranges_replaced == 40 and report.bytes_in > 0 and report.bytes_out > 0
     assert_contiguous(ranges, 400)
+    output_frames = await _frames(topic, ranges)
+    if frame_bytes == 4096:
+        assert output_frames == input_frames
+    else:
+        assert output_frames == 10 < input_frames
     assert await read_all(topic.manifest, topic.objects, 400) == list(range(400))
-    again = await rotate_topic(topic.manifest, topic.objects, T, LIMITS)
+    again = await rotate_topic(topic.manifest, topic.objects, T, limits)
     assert again.objects == [] and again.entries_after == 10
     await assert_no_orphans(topic)
 
