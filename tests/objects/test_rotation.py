@@ -4,8 +4,10 @@ races, readers during the swap. Real etcd; memory, fs and s3 (moto) object store
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +31,7 @@ from danube_ingest.objects.rotation import (
     rotation_candidates,
 )
 from danube_ingest.objects.store import ObjectStore
+from danube_ingest.objects.uploader import OBJECT_REFRESH_SECONDS
 
 from .test_orphans import Topic
 from .test_reader import T
@@ -304,6 +307,30 @@ async def test_a_crash_after_the_put_converges_on_the_next_run(topic: Topic) -> 
     assert ranges[0].object_key in await topic.objects.list("topics/")
     assert await read_all(topic.manifest, topic.objects, 80) == list(range(80))
     await assert_no_orphans(topic)
+
+
+async def test_an_object_stored_long_ago_is_stored_again_before_the_swap(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
+) -> None:
+    """The uploader's rule: never swap in an object PUT more than 600 s ago without storing it
+    again (the orphan collector's grace is only twice that). An fs store: its files are aged."""
+    store = ObjectStore("fs", options={"root": str(tmp_path / "aged")})
+    topic = await Topic(etcd_kv, keys, store).start()
+    await seed(topic, 8)
+    crashing = _crashing_store(topic.objects)
+    crashing.crash = True
+    with pytest.raises(Crash):
+        await rotate_topic(topic.manifest, crashing, T, LIMITS)
+    [key] = await topic.objects.list("topics/")
+    past = time.time() - 2 * OBJECT_REFRESH_SECONDS
+    os.utime(tmp_path / "aged" / key, (past, past))
+    await rotate_topic(topic.manifest, topic.objects, T, LIMITS)
+    info = await topic.objects.stat(key)
+    assert info is not None and info.modified_ms is not None
+    assert info.modified_ms > (past + OBJECT_REFRESH_SECONDS) * 1000
+    assert (await topic.manifest.ranges(T))[0].object_key == key
+    await topic.close()
+    await store.close()
 
 
 async def test_a_crash_after_the_swap_leaves_nothing_to_redo(topic: Topic) -> None:
