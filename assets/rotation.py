@@ -1,10 +1,12 @@
 """Rotation in Dagster: sensor ``rotation_sensor`` decides, job ``rotate_topics`` merges.
 
 Thin wrappers over :mod:`danube_ingest.objects.rotation`. The sensor only reads: one prefix read
-of the manifests and clocks, and a run request (run key ``{topic}|{revision}``) for each topic
-whose manifest changed since the revision in its cursor and that has at least
-``storage.rotation.sensor_min_ranges`` segment ranges below its clock. Each run re-reads etcd,
-plans again and swaps with compare-and-swap: what the sensor saw is never trusted.
+of the manifests and clocks, the same planning as a run (no object is read), and a run request
+(run key ``{topic}|{revision}``) for each topic whose manifest or clock changed since the
+revision in its cursor and of which a run would merge at least
+``storage.rotation.sensor_min_ranges`` ranges (groups that are full, or old enough). Each run
+re-reads etcd, plans again and swaps with compare-and-swap: what the sensor saw is never
+trusted.
 """
 
 import asyncio
@@ -96,19 +98,21 @@ def rotate_topics() -> None:
     job=rotate_topics,
     minimum_interval_seconds=60,
     default_status=DefaultSensorStatus.RUNNING,
-    description="Requests a rotate_topics run for each topic whose manifest changed and holds "
-    "at least storage.rotation.sensor_min_ranges segment ranges below its ingest clock.",
+    description="Requests a rotate_topics run for each topic whose manifest changed and of "
+    "which a run would merge at least storage.rotation.sensor_min_ranges ranges.",
 )
 def rotation_sensor(
     context: SensorEvaluationContext, etcd: EtcdResource, objects: ObjectStoreResource
 ) -> SensorResult:
     """One prefix read of etcd; the cursor is the highest manifest revision seen."""
-    threshold = objects.broker_config().storage.rotation.sensor_min_ranges
+    config = objects.broker_config()
+    threshold = config.storage.rotation.sensor_min_ranges
+    limits = RotationLimits.from_config(config)
     seen = json.loads(context.cursor)["revision"] if context.cursor else 0
 
     async def read() -> tuple[dict[str, int], dict[str, int]]:
         async with etcd.connect() as (kv, keys):
-            return await rotation_candidates(kv, keys)
+            return await rotation_candidates(kv, keys, limits)
 
     counts, revisions = asyncio.run(read())
     runs = [
@@ -129,7 +133,7 @@ def rotation_sensor(
         cursor=json.dumps({"revision": newest}),
         skip_reason=None
         if runs
-        else SkipReason(f"no changed topic with {threshold} segment ranges to rotate"),
+        else SkipReason(f"no changed topic with {threshold} ranges ready to merge"),
     )
 
 

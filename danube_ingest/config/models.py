@@ -439,11 +439,11 @@ class RotationConfig(_Section):
         ),
     )
     sensor_min_ranges: _Count = Field(
-        default=16,
+        default=2,
         ge=2,
         description=(
-            "The rotation sensor requests a run for a topic once this many of its ranges "
-            "below its ingest clock sit in segment objects or small topic objects."
+            "The rotation sensor requests a run for a topic once a run would merge at least "
+            "this many of its ranges (ranges of groups that are full, or old enough)."
         ),
     )
 

@@ -241,28 +241,34 @@ async def plan_rotation(
     return plan_ranges(topic, await manifest.ranges(topic), clock, limits)
 
 
-async def rotation_candidates(kv: KV, keys: Keys) -> tuple[dict[str, int], dict[str, int]]:
-    """For the sensor, from one prefix read: topic -> its segment ranges wholly below its clock
-    offset, and topic -> the highest etcd revision among its manifest entries and clock."""
+async def rotation_candidates(
+    kv: KV, keys: Keys, limits: RotationLimits = RotationLimits()
+) -> tuple[dict[str, int], dict[str, int]]:
+    """For the sensor, from one prefix read of every manifest and clock: topic -> how many
+    ranges a run would merge now (those of its closed groups, when any), and topic -> the
+    highest etcd revision among its manifest entries and clock."""
     head = f"{keys.prefix}/storage/topics/"
-    clocks: dict[str, int] = {}
-    ends: dict[str, list[int]] = {}
+    clocks: dict[str, TopicClock] = {}
+    entries: dict[str, list[ObjectRange]] = {}
     revisions: dict[str, int] = {}
     for stored in await kv.get_prefix(head):
         rest = stored.key[len(head) :]
         if "/objects/" in rest:
             entry = ObjectRange.decode(stored.value, stored.key)
-            if entry.kind == "segment":
-                ends.setdefault(entry.topic, []).append(entry.end_offset)
+            entries.setdefault(entry.topic, []).append(entry)
             topic = entry.topic
         elif rest.endswith("/clock"):
             topic = "/" + rest[: -len("/clock")]
-            clocks[topic] = TopicClock.decode(stored.value, stored.key).offset
+            clocks[topic] = TopicClock.decode(stored.value, stored.key)
         else:
             continue
         revisions[topic] = max(revisions.get(topic, 0), stored.mod_revision)
-    counts = {t: sum(1 for end in e if end <= clocks.get(t, 0)) for t, e in ends.items()}
-    return {t: n for t, n in counts.items() if n}, revisions
+    counts = {}
+    for topic, ranges in entries.items():
+        plan = plan_ranges(topic, ranges, clocks.get(topic), limits)
+        if plan.groups:
+            counts[topic] = sum(len(g.ranges) for g in plan.groups)
+    return counts, revisions
 
 
 @dataclass

@@ -145,10 +145,12 @@ async def seed(topic: Topic, n: int, *, start: int = 0, clock: bool = True) -> l
     return ranges
 
 
-async def advance_clock(topic: Topic, offset: int) -> None:
+async def advance_clock(topic: Topic, offset: int, *, young: bool = False) -> None:
+    """Write ``T``'s clock at ``offset``: its time an hour past the entries there, or (young)
+    just past them."""
     owner = topic.ownership.owned(T)
     assert owner is not None
-    mark = ClockMark(offset, 1000 + offset + HOUR_MS, owner.epoch)
+    mark = ClockMark(offset, 1000 + offset + (0 if young else HOUR_MS), owner.epoch)
     await ClockWriter(topic.ownership).advance({T: mark})
 
 
@@ -404,6 +406,9 @@ async def test_a_reader_during_the_swap_finishes_or_reads_the_manifest_again(
 
 async def test_candidates_for_the_sensor(topic: Topic) -> None:
     await seed(topic, 6, clock=False)
+    assert (await rotation_candidates(topic.kv, topic.keys))[0] == {}
+    # Below the clock, but the newest group is neither full nor an hour older than the clock.
+    await advance_clock(topic, 40, young=True)
     assert (await rotation_candidates(topic.kv, topic.keys))[0] == {}
     await advance_clock(topic, 40)
     counts, revisions = await rotation_candidates(topic.kv, topic.keys)

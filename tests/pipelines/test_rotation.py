@@ -20,7 +20,7 @@ from tests.objects.test_rotation import advance_clock, read_all, seed
 pytestmark = [pytest.mark.etcd, pytest.mark.dagster]
 
 RANGES = 20
-"""Above the default ``sensor_min_ranges`` (16)."""
+"""Segment ranges seeded; one run merges them all (their clock says they are old enough)."""
 
 
 @pytest.fixture
