@@ -5,6 +5,7 @@
 * :mod:`assets.objects` - jobs ``object_gc`` (orphaned objects) and ``manifest_integrity``.
 * :mod:`assets.retention` - jobs ``object_retention`` (objects and tables) and
   ``etcd_compaction``.
+* :mod:`assets.rotation` - job ``rotate_topics`` and its ``rotation_sensor``.
 * :mod:`assets.wal_marks` - ``wal_prune_marks``: per-topic WAL prune marks in etcd.
 """
 
@@ -17,6 +18,7 @@ from assets.parquet import (
     parquet_topics_sensor,
 )
 from assets.retention import etcd_compaction, object_retention
+from assets.rotation import rotate_topics, rotation_sensor
 from assets.wal_marks import wal_prune_marks
 
 __all__ = [
@@ -29,5 +31,7 @@ __all__ = [
     "parquet_job",
     "parquet_partitions",
     "parquet_topics_sensor",
+    "rotate_topics",
+    "rotation_sensor",
     "wal_prune_marks",
 ]

@@ -22,6 +22,7 @@ never the message text.
           ├── PayloadTooLargeError     an entry larger than the configured maximum
           ├── InvalidEntryError        an entry (or topic name) with a field the WAL cannot frame
           ├── ObjectFormatError        bytes that are not a valid .bin object (names key + position)
+          ├── RotationError            a topic's rotation stopped (names topic, offsets, object)
           └── ObjectStoreError         the object store failed; ``retriable`` says whether to retry
                └── ObjectNotFoundError  no object under that key
 """
@@ -145,6 +146,17 @@ class ObjectFormatError(StorageError):
         self.key = key
         self.position = position
         self.reason = reason
+
+
+class RotationError(StorageError):
+    """Rotation of a topic's ranges into a rolling topic object stopped; the manifest is as it
+    was before the group it names (no range lost or changed). ``retriable`` is True when the
+    manifest kept changing under it (run it again later), False when an object is not what
+    the manifest says (inspect it: ``danube-ingest objects verify``)."""
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
 
 
 class ObjectStoreError(StorageError):

@@ -21,6 +21,8 @@ from assets import (
     parquet_job,
     parquet_partitions,
     parquet_topics_sensor,
+    rotate_topics,
+    rotation_sensor,
     wal_prune_marks,
 )
 from pipelines.resources import ConvertJobResource, EtcdResource, ObjectStoreResource
@@ -97,6 +99,7 @@ defs = Definitions(
         manifest_integrity_job,
         object_retention,
         etcd_compaction,
+        rotate_topics,
     ],
     schedules=[
         prune_marks_schedule,
@@ -107,7 +110,7 @@ defs = Definitions(
         object_retention_schedule,
         etcd_compaction_schedule,
     ],
-    sensors=[parquet_topics_sensor],
+    sensors=[parquet_topics_sensor, rotation_sensor],
     resources={
         "etcd": EtcdResource.from_env(),
         "objects": ObjectStoreResource.from_env(),

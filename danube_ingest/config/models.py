@@ -408,6 +408,46 @@ class CloudConfig(_Section):
         return self
 
 
+class RotationConfig(_Section):
+    """Rotation (Dagster job ``rotate_topics``): merges a topic's small ranges into rolling
+    per-topic objects ``topics/{ns}/{topic}/data-{epoch}-{start}-{end}.bin``."""
+
+    max_object_bytes: _Bytes = Field(
+        default=128 * MiB,
+        ge=1 * MiB,
+        description=(
+            "Most stored bytes of input merged into one rolling topic object. A topic object "
+            "of at least half this size is never merged again."
+        ),
+    )
+    max_object_seconds: _Seconds = Field(
+        default=3600,
+        gt=0,
+        description=(
+            "Most ingest time one rolling topic object spans (first to last entry). The "
+            "newest ranges of a topic are merged once this much older than their first entry, "
+            "or once the next ranges fill an object."
+        ),
+    )
+    min_ranges: _Count = Field(
+        default=2,
+        ge=2,
+        le=60,
+        description=(
+            "Fewest ranges worth merging into one object (at most 60 are merged at once: etcd "
+            "allows 128 operations per transaction and each range costs two)."
+        ),
+    )
+    sensor_min_ranges: _Count = Field(
+        default=2,
+        ge=2,
+        description=(
+            "The rotation sensor requests a run for a topic once a run would merge at least "
+            "this many of its ranges (ranges of groups that are full, or old enough)."
+        ),
+    )
+
+
 class StorageConfig(_Section):
     """Where published data lives: WAL first, the object store behind it."""
 
@@ -425,6 +465,9 @@ class StorageConfig(_Section):
         default_factory=UploaderConfig, description="Segment uploader."
     )
     cloud: CloudConfig = Field(default_factory=CloudConfig, description="Object store.")
+    rotation: RotationConfig = Field(
+        default_factory=RotationConfig, description="Rotation into rolling topic objects."
+    )
     clock_interval_seconds: _Seconds = Field(
         default=10.0,
         ge=0,

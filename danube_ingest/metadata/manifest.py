@@ -39,8 +39,10 @@ keys exist; only a topic with an existing key costs one more read (its manifest)
 Limit: the absent-key compare only sees an existing entry *at the same start*. An entry that
 starts earlier and covers the range (after rotation merged a range into a bigger object) is
 invisible to it, so rotation must only merge ranges that their owner can no longer re-commit:
-ranges whose WAL segments the broker has recorded as committed (in practice: below the
-broker's prune mark). Should an overlap get written anyway, reads report it.
+ranges whose WAL segments the broker has recorded as committed (rotation takes only ranges
+wholly below the topic's ingest clock offset, which the owner writes once everything below it
+is uploaded and committed, and below which the uploader refuses to commit). Should an
+overlap get written anyway, reads report it.
 """
 
 from __future__ import annotations

@@ -779,3 +779,45 @@ def test_frames_with_valid_crcs_decode_exactly_or_raise(
         return
     assert raw == WAL and raw_delta == 0
     assert [fields(e) for e in decoded] == expected(WAL_RUN)
+
+
+def _entries_from(start: int, end: int) -> list[Entry]:
+    out = []
+    for offset in range(start, end):
+        entry = Entry(f"m{offset}".encode().ljust(120, b"."), producer_name="p")
+        entry.offset = offset
+        entry.ingest_ms = 5_000 + offset
+        out.append(entry)
+    return out
+
+
+def test_add_frame_copies_frames_as_stored_and_checks_them() -> None:
+    source = BinWriter("zstd", frame_target_bytes=1024)
+    source.add_entries("/a/t", _entries_from(0, 40))
+    data = source.finish()
+    span = parse_object(data).topics["/a/t"]
+    target = BinWriter("zstd", frame_target_bytes=1 << 20)
+    for ref in span.frames:
+        target.add_frame("/a/t", data[ref.position : ref.position + ref.length], ref)
+    target.add_entries("/a/t", _entries_from(40, 45))  # a new frame after the copied ones
+    copy = target.finish()
+    copied = parse_object(copy).topics["/a/t"]
+    assert len(copied.frames) == len(span.frames) + 1
+    decoded = [
+        e.offset
+        for ref in copied.frames
+        for e in decode_frame_bytes(copy[ref.position : ref.position + ref.length], ref)
+    ]
+    assert decoded == list(range(45))
+    stored = [data[r.position : r.position + r.length] for r in span.frames]
+    assert [copy[r.position : r.position + r.length] for r in copied.frames[:-1]] == stored
+
+    again = BinWriter("zstd")
+    ref = span.frames[0]
+    damaged = bytearray(data[ref.position : ref.position + ref.length])
+    damaged[-1] ^= 0x01
+    with pytest.raises(ObjectFormatError, match="CRC"):
+        again.add_frame("/a/t", bytes(damaged), ref)
+    again.add_frame("/a/t", data[ref.position : ref.position + ref.length], ref)
+    with pytest.raises(ValueError, match="does not follow"):
+        again.add_frame("/a/t", data[ref.position : ref.position + ref.length], ref)

@@ -12,6 +12,7 @@ from danube_ingest.objects.binfmt.decoder import (
     GetRange,
     decode_frame_bytes,
     decode_range,
+    frame_wal_bytes,
     parse_object,
     read_footer_from,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "TopicSpan",
     "decode_frame_bytes",
     "decode_range",
+    "frame_wal_bytes",
     "parse_object",
     "read_footer",
     "read_footer_from",

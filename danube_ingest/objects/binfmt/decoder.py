@@ -61,14 +61,10 @@ def parse_object(data: bytes | memoryview, key: str = "?") -> Footer:
     return footer
 
 
-def decode_frame_bytes(data: bytes | memoryview, ref: FrameRef, key: str = "?") -> list[Entry]:
-    """The entries of the frame ``ref``; ``data`` is exactly its bytes (``ref.length``).
-
-    Returns entries with offsets from ``ref.first_offset`` to ``ref.last_offset``, in order,
-    after checking both CRCs and that the frame holds exactly what ``ref`` says. Raises
-    :class:`ObjectFormatError` otherwise. However damaged ``data`` is, it never decompresses
-    more than the frame's ``raw_len`` (at most ``MAX_RAW_LEN``) bytes.
-    """
+def _frame_data(
+    data: bytes | memoryview, ref: FrameRef, key: str
+) -> tuple[bytes | memoryview, int]:
+    """The decompressed data of the frame ``ref`` and its codec, after checking both CRCs."""
     view = data if isinstance(data, memoryview) else memoryview(data)
     position = ref.position
     if len(view) != ref.length or len(view) < FRAME_PREFIX_SIZE:
@@ -94,10 +90,32 @@ def decode_frame_bytes(data: bytes | memoryview, ref: FrameRef, key: str = "?") 
     stored = view[FRAME_PREFIX_SIZE:]
     if crc32c(stored) != stored_crc:
         raise _error(key, position, "frame CRC mismatch")
-    raw = _decompress(codec, stored, raw_len, key, position)
+    return _decompress(codec, stored, raw_len, key, position), codec
+
+
+def decode_frame_bytes(data: bytes | memoryview, ref: FrameRef, key: str = "?") -> list[Entry]:
+    """The entries of the frame ``ref``; ``data`` is exactly its bytes (``ref.length``).
+
+    Returns entries with offsets from ``ref.first_offset`` to ``ref.last_offset``, in order,
+    after checking both CRCs and that the frame holds exactly what ``ref`` says. Raises
+    :class:`ObjectFormatError` otherwise. However damaged ``data`` is, it never decompresses
+    more than the frame's ``raw_len`` (at most ``MAX_RAW_LEN``) bytes.
+    """
+    raw, codec = _frame_data(data, ref, key)
     # WAL positions map to object positions only in an uncompressed frame.
-    base = position + FRAME_PREFIX_SIZE if codec == _NONE else None
+    base = ref.position + FRAME_PREFIX_SIZE if codec == _NONE else None
     return _decode_wal_frames(raw, ref, key, base)
+
+
+def frame_wal_bytes(data: bytes | memoryview, ref: FrameRef, key: str = "?") -> bytes | memoryview:
+    """The WAL frames the frame ``ref`` stores, decompressed; ``data`` is exactly its bytes.
+
+    Both CRCs of the object frame are checked (:class:`ObjectFormatError` otherwise), the WAL
+    frames inside are not: give them to :meth:`BinWriter.add_wal_frames`, which checks them
+    against ``ref``'s offsets, entries and times. For copying frames into another object
+    without decoding their entries. An uncompressed frame comes back as a view of ``data``.
+    """
+    return _frame_data(data, ref, key)[0]
 
 
 def _decompress(codec: int, stored: memoryview, raw_len: int, key: str, position: int) -> bytes:

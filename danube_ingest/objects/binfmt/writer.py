@@ -11,12 +11,15 @@ import lz4.block
 import zstandard
 from crc32c import crc32c
 
+from danube_ingest.errors import ObjectFormatError
 from danube_ingest.objects.binfmt.layout import (
     _FRAME_HEAD,
+    _FRAME_PREFIX,
     _NONE,
     _U32,
     _ZSTD,
     CODECS,
+    FRAME_PREFIX_SIZE,
     HEADER,
     HEADER_SIZE,
     MAX_RAW_LEN,
@@ -168,6 +171,46 @@ class BinWriter:
             )
         for view, header in parts:
             self._add(topic, state, (view,), len(view), header)
+
+    def add_frame(self, topic: str, frame: bytes | memoryview, ref: FrameRef) -> None:
+        """Add one object frame of another object as it is stored (no re-compression).
+
+        ``frame`` is the frame's prefix and stored bytes, ``ref`` its footer record; its
+        offsets must be above those already added for ``topic``. The frame being filled is
+        finished first, so frame boundaries stay where they were. Raises
+        :class:`ObjectFormatError` if a CRC does not match (nothing is added then); the WAL
+        frames inside are not decoded: ``ref`` comes from a CRC-checked footer.
+        """
+        state = self._topic(topic)
+        if ref.first_offset <= state.last_offset:
+            raise ValueError(
+                f"topic {topic}: frame from offset {ref.first_offset} does not follow offset "
+                f"{state.last_offset}"
+            )
+        view = frame if isinstance(frame, memoryview) else memoryview(frame)
+        if len(view) != ref.length:
+            raise ObjectFormatError(
+                "?", ref.position, f"frame of {len(view)} bytes, not {ref.length}"
+            )
+        prefix, stored = view[:FRAME_PREFIX_SIZE], view[FRAME_PREFIX_SIZE:]
+        stored_len, _, _, _, _, stored_crc, prefix_crc = _FRAME_PREFIX.unpack(prefix)
+        if (
+            crc32c(prefix[: FRAME_PREFIX_SIZE - 4]) != prefix_crc
+            or stored_len != len(stored)
+            or crc32c(stored) != stored_crc
+        ):
+            raise ObjectFormatError("?", ref.position, "frame CRC mismatch")
+        self._topics.setdefault(topic, state)
+        self._flush(state)
+        meta = (
+            ref.first_offset,
+            ref.last_offset,
+            ref.entries,
+            ref.first_ingest_ms,
+            ref.last_ingest_ms,
+        )
+        state.frames.append((meta, bytes(prefix), bytes(stored)))
+        state.last_offset = ref.last_offset
 
     def add_entries(self, topic: str, entries: Sequence[Entry]) -> None:
         """Add entries of ``topic``; their ``offset`` and ``ingest_ms`` must be set.
