@@ -281,6 +281,10 @@ def test_invalid_mode() -> None:
         ({"storage": {"wal": {"regions": 0}}}, "storage.wal.regions"),
         ({"storage": {"wal": {"regions": True}}}, "storage.wal.regions"),
         ({"storage": {"uploader": {"concurrency": "many"}}}, "storage.uploader.concurrency"),
+        (
+            {"storage": {"uploader": {"max_bytes_per_second": "fast"}}},
+            "storage.uploader.max_bytes_per_second",
+        ),
         ({"broker": {"listen": "6650"}}, "broker.listen"),
         ({"broker": {"broker_id": "a/b"}}, "broker.broker_id"),
         ({"etcd": {"prefix": "danube"}}, "etcd.prefix"),
@@ -401,3 +405,13 @@ def test_parse_duration(text: str | float, expected: float) -> None:
 def test_parse_duration_rejects(text: str | float) -> None:
     with pytest.raises(ConfigError, match="invalid duration"):
         parse_duration(text)
+
+
+def test_upload_bandwidth_limit() -> None:
+    assert parse_config({}).storage.uploader.max_bytes_per_second is None
+    uploader = {"storage": {"uploader": {"max_bytes_per_second": "50MiB"}}}
+    assert parse_config(uploader).storage.uploader.max_bytes_per_second == 50 * MiB
+    for value in (0, "512KiB"):
+        message = config_error({"storage": {"uploader": {"max_bytes_per_second": value}}})
+        assert message.startswith("storage.uploader.max_bytes_per_second: must be at least 1MiB")
+        assert "null for no limit" in message

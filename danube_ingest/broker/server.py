@@ -322,6 +322,7 @@ class Broker:
                     codec=storage.cloud.compression,
                     concurrency=storage.uploader.concurrency,
                     retry=RetryPolicy.from_config(storage.uploader),
+                    max_bytes_per_second=storage.uploader.max_bytes_per_second,
                 )
         self.cleaner = WalCleaner(
             store,

@@ -22,6 +22,7 @@ from danube_ingest.config.values import (
     _FieldError,
     _Millis,
     _Minutes,
+    _OptionalBytes,
     _OptionalMinutes,
     _OptionalPath,
     _OptionalSecret,
@@ -269,6 +270,11 @@ class CacheConfig(_Section):
         return self
 
 
+#: Below this, one 8 MiB segment takes over 8 s to ship: a value this small is a unit mistake
+#: (bytes meant as KiB or MiB) far more often than a real link.
+MIN_UPLOAD_BYTES_PER_SECOND = MiB
+
+
 class UploaderConfig(_Section):
     """Ships each sealed segment to the object store as one object, then records it in etcd."""
 
@@ -283,6 +289,16 @@ class UploaderConfig(_Section):
         default=4,
         ge=1,
         description="Segment uploads in flight at once.",
+    )
+    max_bytes_per_second: _OptionalBytes = Field(
+        default=None,
+        description=(
+            "Upload bandwidth of the broker, shared by all uploads in flight (e.g. 50MiB; "
+            "at least 1MiB). Objects are streamed in paced chunks, so a catch-up of a large "
+            "WAL backlog leaves the link and CPU to live publishes. null: no limit. A limit "
+            "below the broker's ingest rate makes the WAL grow until publishes get "
+            "backpressure."
+        ),
     )
     max_retries: _Count = Field(
         default=10,
@@ -302,6 +318,16 @@ class UploaderConfig(_Section):
         gt=0,
         description="Longest delay between two retries. At least retry_base_ms.",
     )
+
+    @field_validator("max_bytes_per_second")
+    @classmethod
+    def _check_bandwidth(cls, value: int | None) -> int | None:
+        if value is not None and value < MIN_UPLOAD_BYTES_PER_SECOND:
+            raise ConfigError(
+                f"must be at least 1MiB ({MIN_UPLOAD_BYTES_PER_SECOND} bytes per second), or "
+                f"null for no limit (got {value})"
+            )
+        return value
 
     @model_validator(mode="after")
     def _check_backoff(self) -> UploaderConfig:

@@ -166,6 +166,9 @@ _OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_empty_to_none)]
 _OptionalMinutes = Annotated[
     int | None, _duration_input("min", whole=True), BeforeValidator(_empty_to_none)
 ]
+_OptionalBytes = Annotated[
+    int | None, BeforeValidator(_size_input), BeforeValidator(_empty_to_none)
+]
 _OptionalPath = Annotated[
     Path | None, BeforeValidator(_expand_path), BeforeValidator(_empty_to_none)
 ]

@@ -449,8 +449,12 @@ class ObjectStore:
         chunks: Iterable[bytes] | AsyncIterable[bytes],
         *,
         part_bytes: int = 8 << 20,
+        size: int | None = None,
     ) -> int:
         """Stream ``chunks`` into one object under ``key`` and return its size.
+
+        ``size``, when the caller knows it, admits the write against ``min_free_bytes`` on fs
+        as ``put`` does (refused before writing, retriable).
 
         The object appears under ``key`` only once complete: if ``chunks`` raises, the upload
         fails or the call is cancelled, nothing is left under ``key`` (an earlier object there
@@ -465,7 +469,11 @@ class ObjectStore:
         op = self._operator("put_large", key)
         staging = f"{STAGING_PREFIX}{uuid.uuid4().hex}-{key.rsplit('/', 1)[-1]}"
         try:
-            written = await self._stream(op, staging, chunks, part_bytes)
+            room = (
+                contextlib.nullcontext() if size is None else self._room_for("put_large", key, size)
+            )
+            with room:
+                written = await self._stream(op, staging, chunks, part_bytes)
             await self._move(op, staging, key)
         except BaseException as exc:
             await self._discard(op, staging, retry=False)

@@ -33,6 +33,17 @@ would never see it) or add offsets to hours already declared complete, so it sta
 for an operator. The offsets are never reused either way (the new owner continued from its
 reservation).
 
+Bandwidth (``uploader.max_bytes_per_second``): every byte the uploader writes to the object
+store (first PUTs, replacements of damaged objects, refreshes before a delayed commit) is
+streamed in chunks paced by one token bucket shared by all of this uploader's uploads
+(:mod:`danube_ingest.objects.bandwidth`), so a catch-up over a large backlog never sends
+faster than the limit, nor a whole segment in one burst. A paced write goes through
+``ObjectStore.put_large`` (staged, then moved into place: never a partial object under the
+segment's key); "only if absent" becomes a ``size`` check first, which is enough because only
+this broker writes under its segment keys. On s3 and gcs that costs a multipart upload and a
+server-side copy per segment instead of one PUT. Without a limit a segment is one
+``put_if_absent``.
+
 Failures (object store down, etcd unreachable) are retried forever with exponential backoff
 capped at ``retry_max_ms``: a segment that is not uploaded is kept, and once the WAL reaches
 ``retention.max_bytes`` publishers get backpressure rather than anyone losing data.
@@ -68,6 +79,7 @@ from danube_ingest.metadata.manifest import (
     covered,
 )
 from danube_ingest.metadata.ownership import Ownership
+from danube_ingest.objects.bandwidth import TokenBucket, chunk_bytes, paced_chunks
 from danube_ingest.objects.binfmt import BinWriter, Footer, parse_object
 from danube_ingest.objects.store import ObjectStore, RetryPolicy
 from danube_ingest.store.topic_store import TopicStore
@@ -236,7 +248,9 @@ class SegmentUploader:
         concurrency: int = 4,
         retry: RetryPolicy | None = None,
         refresh_after_s: float = OBJECT_REFRESH_SECONDS,
+        max_bytes_per_second: int | None = None,
     ) -> None:
+        """``max_bytes_per_second``: the bandwidth shared by all uploads (None: no limit)."""
         self._store = store
         self._objects = objects
         self._manifest = manifest
@@ -260,6 +274,12 @@ class SegmentUploader:
         #: segment object key -> when the stored object was last written (Unix seconds); an
         #: object found stored by an earlier run counts from its own modification time.
         self._stored_at: dict[str, float] = {}
+        #: Paces every object write when a bandwidth limit is set (shared by all uploads).
+        self.bandwidth: TokenBucket | None = None
+        self._chunk = 0
+        if max_bytes_per_second is not None:
+            self._chunk = chunk_bytes(max_bytes_per_second)
+            self.bandwidth = TokenBucket(max_bytes_per_second, burst=self._chunk)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -365,7 +385,7 @@ class SegmentUploader:
 
     async def _put(self, obj: SegmentObject) -> SegmentObject:
         assert obj.data is not None
-        if await self._objects.put_if_absent(obj.key, obj.data):
+        if await self._write(obj.key, obj.data, if_absent=True):
             self.stats.puts += 1
             self.stats.bytes += obj.size
             self._stored_at[obj.key] = time.time()
@@ -379,7 +399,7 @@ class SegmentUploader:
             # after a complete PUT: a damaged object here is a write torn by a crash (an fs
             # store writes in place). Replace it with the segment's object.
             log.warning("replacing a damaged segment object key=%s error=%s", obj.key, exc)
-            await self._objects.put(obj.key, obj.data)
+            await self._write(obj.key, obj.data, if_absent=False)
             self.stats.puts += 1
             self.stats.bytes += obj.size
             self._stored_at[obj.key] = time.time()
@@ -398,6 +418,24 @@ class SegmentUploader:
         self._stored_at[obj.key] = 0.0 if modified_ms is None else modified_ms / 1000
         return SegmentObject(obj.key, len(stored), crc32c(stored), footer, None, found=True)
 
+    async def _write(self, key: str, data: bytes, *, if_absent: bool) -> bool:
+        """Store ``data`` under ``key`` (replacing any object, unless ``if_absent``), paced by
+        the bandwidth limit. False: ``if_absent`` and an object is there already."""
+        bucket = self.bandwidth
+        if bucket is None:
+            if if_absent:
+                return await self._objects.put_if_absent(key, data)
+            await self._objects.put(key, data)
+            return True
+        if if_absent and await self._objects.size(key) is not None:
+            return False
+        # s3 and gcs take multipart parts of at least 5 MiB; elsewhere a part is one chunk.
+        part = max(self._chunk, 5 << 20) if self._objects.scheme in ("s3", "gcs") else self._chunk
+        await self._objects.put_large(
+            key, paced_chunks(data, bucket, self._chunk), part_bytes=part, size=len(data)
+        )
+        return True
+
     async def _refresh(self, region: RegionLog, obj: SegmentObject) -> None:
         """Store ``obj`` again (its own bytes, or the segment's object if it is gone), so that
         its age starts over before its manifest commit (see ``OBJECT_REFRESH_SECONDS``)."""
@@ -406,7 +444,7 @@ class SegmentUploader:
         except ObjectNotFoundError:
             stored = None
         if stored is not None and len(stored) == obj.size and crc32c(stored) == obj.crc:
-            await self._objects.put(obj.key, stored)
+            await self._write(obj.key, stored, if_absent=False)
             self.stats.puts += 1
             self.stats.bytes += obj.size
             self._stored_at[obj.key] = time.time()

@@ -89,6 +89,8 @@ class ColdStack:
         segment_bytes: int = 64 * 1024,
         lease_ttl: int = 5,
         cache_bytes: int = 256 * 1024 * 1024,
+        concurrency: int = 4,
+        max_bytes_per_second: int | None = None,
     ) -> None:
         self.kv = kv
         self.keys = keys
@@ -101,6 +103,8 @@ class ColdStack:
         self.segment_bytes = segment_bytes
         self.lease_ttl = lease_ttl
         self.cache_bytes = cache_bytes
+        self.concurrency = concurrency
+        self.max_bytes_per_second = max_bytes_per_second
         self.manifest = Manifest(kv, keys)
 
     async def open(self) -> ColdStack:
@@ -125,6 +129,8 @@ class ColdStack:
             self.ownership,
             codec=self.codec,
             retry=FAST_RETRY,
+            concurrency=self.concurrency,
+            max_bytes_per_second=self.max_bytes_per_second,
         )
         self.cleaner = WalCleaner(
             self.store,

@@ -49,6 +49,20 @@ async def test_put_that_would_leave_less_than_the_floor_is_refused_before_writin
     assert await store.put_if_absent("segments/b/r0/2.bin", b"b" * MiB)
 
 
+async def test_put_large_of_a_known_size_is_refused_like_a_put(disk: Path) -> None:
+    root = disk / "objects"
+    store = ObjectStore("fs", options={"root": str(root)}, retry=NO_RETRY, min_free_bytes=2 * MiB)
+    await store.put("segments/b/r0/1.bin", b"a" * (3 * MiB))
+    chunks = [b"b" * MiB] * 4
+    with pytest.raises(ObjectStoreError) as refused:
+        await store.put_large("segments/b/r0/2.bin", chunks, size=4 * MiB)
+    assert refused.value.retriable
+    assert "segments/b/r0/2.bin" in str(refused.value)
+    assert "min_free_bytes" in str(refused.value)
+    assert files(root) == {"segments/b/r0/1.bin": 3 * MiB}  # nothing staged, nothing written
+    assert await store.put_large("segments/b/r0/2.bin", [b"b" * MiB], size=MiB) == MiB
+
+
 async def test_write_failing_with_enospc_leaves_no_partial_object(disk: Path) -> None:
     root = disk / "objects"
     store = ObjectStore("fs", options={"root": str(root)}, retry=NO_RETRY)
