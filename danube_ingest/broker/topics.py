@@ -56,7 +56,7 @@ from danube_ingest.dispatch import (
 )
 from danube_ingest.errors import DanubeIngestError, OffsetOutOfRangeError
 from danube_ingest.metadata.clock import read_clock
-from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError
+from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError, TopicDeletedError
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.offsets import OffsetReservation
@@ -182,7 +182,9 @@ class TopicManager:
         if record is None:
             raise TopicNotFoundError(f"topic {topic} does not exist")
         try:
-            owner = await self._ownership.acquire(topic)
+            owner = await self._ownership.acquire(topic, require_record=True)
+        except TopicDeletedError as exc:
+            raise TopicNotFoundError(f"topic {topic} does not exist") from exc
         except LeaseExpiredError:
             # Our session is being renewed: we cannot own anything, but can name the owner.
             current = await self._ownership.owner_of(topic)
@@ -227,10 +229,17 @@ class TopicManager:
             if record is None:
                 if create_reliable is None:
                     raise TopicNotFoundError(f"topic {topic} does not exist")
-                record, _created = await self._records.create_topic_if_absent(
+                record, created = await self._records.create_topic_if_absent(
                     TopicRecord(name=topic, reliable=create_reliable, created_ms=_now_ms())
                 )
-            owner = await self._ownership.acquire(topic)
+                if created and await self._store.drop_topic(topic):
+                    # What this WAL holds of the name belongs to a deleted incarnation (deleted
+                    # while this broker was away): the new topic starts clean.
+                    log.warning("stale wal data of a deleted topic dropped topic=%s", topic)
+            try:
+                owner = await self._ownership.acquire(topic, require_record=True)
+            except TopicDeletedError as exc:
+                raise TopicNotFoundError(f"topic {topic} does not exist") from exc
             if owner.broker_id != self.broker_id:
                 raise NotOwnerError(topic, owner.url)
             runtime = TopicRuntime(topic, record)
@@ -268,12 +277,34 @@ class TopicManager:
 
     async def _unload(self, runtime: TopicRuntime) -> None:
         """Stop serving a topic: close its subscriptions (their consumer handles close; the
-        streams reading them wait for the topic to be served again, see ``receive``)."""
+        streams reading them wait for the topic to be served again, see ``receive``).
+
+        A topic lost because it was deleted (its record is gone) is also dropped from the WAL
+        (``TopicStore.drop_topic``) and its client registrations forgotten: its streams and
+        producers then get NOT_FOUND, and a topic created again under the name starts clean.
+        """
         runtime.closed = True
         for subscription in runtime.subscriptions.values():
             await subscription.close()
         if runtime.fanout is not None:
             await runtime.fanout.close()
+        if self._closed:
+            return
+        try:
+            deleted = await self._records.get_topic(runtime.name) is None
+        except DanubeIngestError as exc:
+            log.warning("topic deletion check failed topic=%s error=%s", runtime.name, exc)
+            return
+        if deleted and runtime.name not in self._topics:
+            await self._forget_deleted(runtime.name)
+
+    async def _forget_deleted(self, topic: str) -> None:
+        """Drop a deleted topic's WAL data and cached client registrations (see ``_unload``)."""
+        for known in (self._producers, self._consumers):
+            for cid in [cid for cid, rec in known.items() if rec.topic == topic]:
+                del known[cid]
+        dropped = await self._store.drop_topic(topic)
+        log.info("topic deleted: fenced and dropped topic=%s wal_dropped=%s", topic, dropped)
 
     def owns(self, topic: str) -> bool:
         return topic in self._topics

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
+from danube_ingest.broker.deletion import delete_topic
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
+from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest
@@ -25,6 +28,15 @@ def register(commands: Any) -> None:
     _etcd_options(topics)
     topics.add_argument("--namespace", help="only this namespace")
     topics.set_defaults(handler=_sync(_topics))
+    actions = topics.add_subparsers(dest="action", metavar="{delete}")
+    delete = actions.add_parser(
+        "delete",
+        help="delete a topic: fence its owner, remove its metadata, retire its objects",
+        formatter_class=DefaultsHelpFormatter,
+    )
+    _etcd_options(delete)
+    delete.add_argument("topic", help="topic name, /namespace/topic")
+    delete.set_defaults(handler=_sync(_delete))
 
     subs = commands.add_parser(
         "subscriptions",
@@ -88,6 +100,24 @@ async def _topics(args: argparse.Namespace) -> int:
         _table(("topic", "dispatch", "owner", "object ranges", "offsets in objects"), rows)
     finally:
         await kv.close()
+    return 0
+
+
+async def _delete(args: argparse.Namespace) -> int:
+    kv, keys, _records = await _connect(args)
+    try:
+        report = await delete_topic(kv, keys, args.topic)
+    except DanubeIngestError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await kv.close()
+    what = "deleted" if report.existed else "did not exist; leftovers removed"
+    print(
+        f"topic {report.topic} {what}: {report.subscriptions} subscriptions, "
+        f"{report.clients} clients, {report.manifest_entries} manifest entries "
+        f"({report.retired_objects} objects retired), {report.prune_marks} prune marks"
+    )
     return 0
 
 

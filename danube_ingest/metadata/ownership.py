@@ -33,6 +33,7 @@ from danube_ingest.metadata.errors import (
     FencedError,
     LeaseExpiredError,
     MetadataError,
+    TopicDeletedError,
 )
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import (
@@ -152,12 +153,14 @@ class Ownership:
         current = await self.kv.get(key)
         return None if current is None else Owner.decode(current.value, key)
 
-    async def acquire(self, topic: str) -> Owner:
+    async def acquire(self, topic: str, *, require_record: bool = False) -> Owner:
         """Become the topic's owner if nobody is; return whoever owns it now.
 
         The result is this broker's ``Owner`` (a fresh epoch, or the current one if it already
         held the topic) or another live broker's, to which clients must be redirected. Raises
-        ``LeaseExpiredError`` if the broker session is not alive.
+        ``LeaseExpiredError`` if the broker session is not alive. With ``require_record`` the
+        acquisition also compares, in its transaction, that the topic's record exists, and
+        raises ``TopicDeletedError`` if it does not: a deleted topic is never taken again.
         """
         if self._closed:
             raise MetadataError(f"ownership of broker {self.session.broker_id} was closed")
@@ -185,6 +188,9 @@ class Ownership:
                 compares.append(Compare.unchanged(owner_key, current))
             else:
                 compares.append(Compare.absent(owner_key))
+            record_key = self.keys.topic(topic)
+            if require_record:
+                compares.append(Compare(record_key, "create", ">", 0))
             last_epoch = 0 if epoch_kv is None else _decode_int(epoch_kv.value, epoch_key)
             mine = Owner(self.session.broker_id, self.session.advertised_url, last_epoch + 1)
             value = mine.encode()
@@ -195,7 +201,10 @@ class Ownership:
                     Put(epoch_key, str(mine.epoch).encode()),
                     Get(owner_key),
                 ],
+                [Get(record_key)],
             )
+            if not result.succeeded and require_record and result.kv(0) is None:
+                raise TopicDeletedError(topic, f"topic {topic} does not exist: not acquired")
             written = result.kv(2) if result.succeeded else None
             if written is not None:
                 self._hold(topic, _Held(mine, owner_key, value, written.mod_revision))

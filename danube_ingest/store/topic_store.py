@@ -467,6 +467,25 @@ class TopicStore:
         assert info is not None
         return info
 
+    async def drop_topic(self, topic: str) -> bool:
+        """Forget ``topic`` (it was deleted): see ``RegionLog.drop_topic``. Returns whether this
+        store knew it; once this returns the drop is durable, and the name is a new, empty
+        topic starting at offset 0. Readers of the dropped incarnation see no more entries."""
+        region = self._topic_region.get(topic)
+        meta = region.topic(topic) if region is not None else None
+        if region is None or meta is None:
+            return False
+        batch = region.drop_topic(topic)
+        self._cache.drop(meta)
+        # Wake readers waiting for the dropped incarnation's next entry: there is none.
+        waiters, meta.waiters = meta.waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if batch is not None:
+            await batch
+        return True
+
     def _on_durable(self, groups: list[Group]) -> None:
         if self._max_wal_bytes is not None or self._disk_low:
             self.refresh_backpressure()
