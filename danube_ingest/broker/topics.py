@@ -244,6 +244,7 @@ class TopicManager:
                 raise NotOwnerError(topic, owner.url)
             runtime = TopicRuntime(topic, record)
             if record.reliable:
+                await self._check_incarnation(topic)
                 local = self._store.info(topic)
                 start = await self._reservations.start_offset(
                     topic, local.next_offset if local is not None else None
@@ -265,6 +266,23 @@ class TopicManager:
                 "topic loaded topic=%s reliable=%s epoch=%s", topic, record.reliable, owner.epoch
             )
             return runtime
+
+    async def _check_incarnation(self, topic: str) -> None:
+        """Drop what the WAL holds of an earlier incarnation of ``topic`` (deleted while this
+        broker was away, then created again anywhere), and record the current one, before the
+        topic is served here."""
+        incarnation = await self._records.topic_incarnation(topic)
+        if incarnation is None:
+            raise TopicNotFoundError(f"topic {topic} does not exist")
+        known = self._store.incarnation(topic)
+        if known is not None and known != incarnation and await self._store.drop_topic(topic):
+            log.warning(
+                "stale wal data of a deleted topic dropped topic=%s incarnation=%d was=%d",
+                topic,
+                incarnation,
+                known,
+            )
+        await self._store.set_incarnation(topic, incarnation)
 
     def _on_ownership_lost(self, topic: str) -> None:
         runtime = self._topics.pop(topic, None)

@@ -479,6 +479,8 @@ class SegmentUploader:
                     )
                     continue
                 owner = acquired if acquired.broker_id == self._broker_id else None
+                if owner is not None and await self._stale_incarnation(topic):
+                    continue
                 careful.add(topic)
             ranges.append(
                 ObjectRange(
@@ -542,6 +544,24 @@ class SegmentUploader:
         )
         for listener in self._listeners:
             listener(region.region, seq)
+
+    async def _stale_incarnation(self, topic: str) -> bool:
+        """Whether this WAL's data of ``topic`` belongs to a deleted incarnation (the topic
+        was deleted while this broker was away and created again since): then it is dropped
+        from the WAL (``TopicStore.drop_topic``) and never committed."""
+        known = self._store.incarnation(topic)
+        stored = await self._manifest.kv.get(self._manifest.keys.topic(topic))
+        if known is None or stored is None or stored.create_revision == known:
+            return False
+        await self._store.drop_topic(topic)
+        log.warning(
+            "stale wal data of a deleted topic dropped by the uploader topic=%s incarnation=%d "
+            "was=%d",
+            topic,
+            stored.create_revision,
+            known,
+        )
+        return True
 
     async def _classify(
         self, ranges: list[ObjectRange]

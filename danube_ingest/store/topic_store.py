@@ -24,6 +24,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from danube_ingest.errors import (
 from danube_ingest.store.cache import WALCache
 from danube_ingest.wal.framing import Entry, Kind, batch_header, decode_frame, decode_messages
 from danube_ingest.wal.log import DEFAULT_LINGER_US, FsyncMode, Group, RegionLog, Sealed
-from danube_ingest.wal.meta import TopicMeta
+from danube_ingest.wal.meta import TopicMeta, fsync_dir, write_atomic
 from danube_ingest.wal.space import DiskFree, disk_free
 
 if TYPE_CHECKING:
@@ -99,6 +100,30 @@ class TimeMark:
     """Every entry at ``offset`` or above has an ingest time of at least this."""
 
 
+#: File in the WAL directory mapping topic names to the incarnation their WAL data belongs to.
+INCARNATIONS_NAME = "incarnations.json"
+
+
+def _read_incarnations(wal_dir: Path | None) -> dict[str, int]:
+    if wal_dir is None:
+        return {}
+    try:
+        raw = json.loads((wal_dir / INCARNATIONS_NAME).read_bytes())
+        return {str(k): int(v) for k, v in raw.items()}
+    except FileNotFoundError:
+        return {}
+    except (ValueError, TypeError, AttributeError) as exc:
+        # Written atomically, so damage means tampering: forget it (data then counts as of the
+        # current incarnation, as before incarnations were recorded).
+        log.warning("wal incarnations ignored path=%s error=%r", wal_dir / INCARNATIONS_NAME, exc)
+        return {}
+
+
+def _write_incarnations(wal_dir: Path, data: bytes) -> None:
+    write_atomic(wal_dir / INCARNATIONS_NAME, data)
+    fsync_dir(wal_dir)
+
+
 class TopicStore:
     """Topics over one or more region logs, with a WALCache in front of them."""
 
@@ -136,6 +161,9 @@ class TopicStore:
                 self._topic_region[topic.name] = region
             region.on_durable = self._on_durable
         self._closed = False
+        #: topic -> the incarnation (its record's etcd create revision) the WAL's data of the
+        #: topic belongs to; persisted in ``wal_dir/incarnations.json``.
+        self._incarnations: dict[str, int] = _read_incarnations(wal_dir)
 
     @classmethod
     async def open(
@@ -485,6 +513,22 @@ class TopicStore:
         if batch is not None:
             await batch
         return True
+
+    def incarnation(self, topic: str) -> int | None:
+        """The incarnation the WAL's data of ``topic`` belongs to (``set_incarnation``), None
+        if none was recorded (the topic is new here, or its data predates the record)."""
+        return self._incarnations.get(topic)
+
+    async def set_incarnation(self, topic: str, incarnation: int) -> None:
+        """Record, durably before returning, that the topic's data from now on belongs to
+        ``incarnation``. Call before serving the topic; ``drop_topic`` first if the recorded
+        incarnation is another one."""
+        if self._incarnations.get(topic) == incarnation:
+            return
+        self._incarnations[topic] = incarnation
+        if self._wal_dir is not None:
+            data = json.dumps(self._incarnations, sort_keys=True).encode()
+            await asyncio.to_thread(_write_incarnations, self._wal_dir, data)
 
     def _on_durable(self, groups: list[Group]) -> None:
         if self._max_wal_bytes is not None or self._disk_low:

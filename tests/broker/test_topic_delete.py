@@ -242,3 +242,66 @@ async def test_recreated_topic_stays_clean_across_a_restart(
             assert "Traceback" not in text, text[-3000:]
     finally:
         await asyncio.to_thread(broker.stop)
+
+
+async def test_broker_down_during_deletion_never_serves_the_old_incarnation(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str
+) -> None:
+    """Broker A holds the old incarnation's frames in its WAL and is down while the topic is
+    deleted and created again on broker B. When A later takes the topic over, it drops its
+    stale frames (the topic record's incarnation differs from the one its WAL recorded): a
+    consumer reads exactly B's entries, from objects, and A's uploader commits nothing old."""
+    storage = {
+        "mode": "wal_cloud",
+        "cloud": {"backend": "fs", "root": str(tmp_path / "objects")},
+        "wal": {"segment_seconds": 1},
+    }
+    a = BrokerProcess(
+        tmp_path / "a", etcd_server, broker_id="a", prefix=etcd_prefix, storage=storage
+    )
+    b = BrokerProcess(
+        tmp_path / "b", etcd_server, broker_id="b", prefix=etcd_prefix, storage=storage
+    )
+    await asyncio.to_thread(a.start)
+    try:
+        async with asyncio.timeout(120):
+            async with Clients(a.url) as clients:
+                producer = await clients.producer(T, "p1")
+                for i in range(20):
+                    await producer.send(f"old-{i}".encode())
+            a.kill(signal.SIGKILL)
+            await _delete(etcd_server, etcd_prefix, T)
+            await asyncio.to_thread(b.start)
+            async with Clients(b.url) as clients:
+                producer = await clients.producer(T, "p2")
+                sub = await clients.consumer(T, "fresh", "c1")
+                for i in range(3):
+                    await producer.send(f"new-{i}".encode())
+                assert offsets(await sub.take(3)) == [0, 1, 2]
+            kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+            keys = Keys(etcd_prefix)
+            try:
+                deadline = time.monotonic() + 30
+                while not await kv.get_prefix(keys.storage_objects_prefix(T)):
+                    assert time.monotonic() < deadline, "B's entries never reached the manifest"
+                    await asyncio.sleep(0.3)
+                await asyncio.to_thread(b.stop)  # releases the topic
+                await asyncio.to_thread(a.start)
+                async with Clients(a.url) as clients:
+                    sub = await clients.consumer(T, "fresh", "c1")
+                    got = await sub.take(3)
+                    assert payloads(got) == [b"new-0", b"new-1", b"new-2"]
+                    assert offsets(got) == [0, 1, 2]
+                    with pytest.raises(AssertionError):
+                        await sub.take(1, timeout=2.0)
+                await asyncio.sleep(2)  # A's uploader had its chance at the old segments
+                entries = await kv.get_prefix(keys.storage_objects_prefix(T))
+                assert all(
+                    b'"broker":"b"' in e.value or b'"broker": "b"' in e.value for e in entries
+                ), [e.value for e in entries]
+            finally:
+                await kv.close()
+            assert "stale wal data of a deleted topic dropped" in a.log_text()
+    finally:
+        await asyncio.to_thread(a.stop)
+        await asyncio.to_thread(b.stop)
