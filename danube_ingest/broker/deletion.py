@@ -76,6 +76,7 @@ async def delete_topic(kv: KV, keys: Keys, topic: str) -> DeletionReport:
             Delete(record_key),
             Delete(keys.topic_owner(topic)),
             Delete(keys.topic_offsets(topic)),
+            Delete(keys.topic_unload(topic)),
             Delete(keys.subscriptions_prefix(topic), prefix=True),
             Delete(keys.schemas_prefix() + topic_config_key(topic)),
         ],

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -93,6 +94,12 @@ CONSUMER_STALL_SECONDS = 10.0
 #: slowly or not yet at all). Small, because every consumer of the topic waits for this.
 _RECOVER_POLL_SECONDS = 0.05
 _RECOVER_RETRY_MAX_SECONDS = 1.0
+#: After handing a topic over (unload), this broker redirects clients of the topic to another
+#: live broker for this long instead of taking it back (the unload request's lease, too).
+UNLOAD_HOLD_SECONDS = 30.0
+#: An unload waits this long for the uploader to commit the topic's WAL tail; if it cannot,
+#: the unload is given up and the topic stays here (handing it over would leave a gap).
+UNLOAD_UPLOAD_TIMEOUT = 60.0
 
 
 @dataclass
@@ -167,8 +174,11 @@ class TopicManager:
         self._closed = False
         #: streams are ending for good (shutdown): they no longer wait for a lost topic
         self._ending = False
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+        #: topic -> until when (monotonic) clients are sent elsewhere after an unload
+        self._handed: dict[str, float] = {}
         ownership.on_lost(self._on_ownership_lost)
+        ownership.on_unload(self._on_unload_requested)
 
     # -- topics ----------------------------------------------------------------------------
 
@@ -181,6 +191,9 @@ class TopicManager:
         record = await self._records.get_topic(topic)
         if record is None:
             raise TopicNotFoundError(f"topic {topic} does not exist")
+        elsewhere = await self._handed_over(topic)
+        if elsewhere is not None:
+            return False, elsewhere
         try:
             owner = await self._ownership.acquire(topic, require_record=True)
         except TopicDeletedError as exc:
@@ -236,6 +249,9 @@ class TopicManager:
                     # What this WAL holds of the name belongs to a deleted incarnation (deleted
                     # while this broker was away): the new topic starts clean.
                     log.warning("stale wal data of a deleted topic dropped topic=%s", topic)
+            elsewhere = await self._handed_over(topic)
+            if elsewhere is not None:
+                raise NotOwnerError(topic, elsewhere)
             try:
                 owner = await self._ownership.acquire(topic, require_record=True)
             except TopicDeletedError as exc:
@@ -323,6 +339,78 @@ class TopicManager:
                 del known[cid]
         dropped = await self._store.drop_topic(topic)
         log.info("topic deleted: fenced and dropped topic=%s wal_dropped=%s", topic, dropped)
+
+    # -- unload ----------------------------------------------------------------------------
+
+    def _on_unload_requested(self, topic: str) -> None:
+        task = asyncio.get_running_loop().create_task(self.unload(topic))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def unload(self, topic: str) -> bool:
+        """Hand ``topic`` over to another broker (``topics unload``); returns whether it was.
+
+        Producers and consumers are told to look the topic up again (``UNAVAILABLE``; consumer
+        health checks answer ``CLOSE``) and are redirected to another live broker. Before the
+        ownership is released, the cursors are flushed and (``wal_cloud``) the topic's WAL tail
+        is sealed, uploaded and committed, so the next owner serves every acknowledged offset
+        and continues after them. If the upload does not finish within
+        UNLOAD_UPLOAD_TIMEOUT the unload is given up and the topic is served here again.
+        """
+        runtime = self._topics.pop(topic, None)
+        if runtime is None:
+            return False
+        self._handed[topic] = time.monotonic() + UNLOAD_HOLD_SECONDS
+        started = time.monotonic()
+        await self._unload(runtime)
+        await self._progress.flush()
+        end = None
+        if runtime.reliable and self._store.cloud is not None:
+            # Until no append slipped in after the last seal or during the hand-over (one
+            # already past the runtime check when the topic was popped).
+            while end != self._store.next_offset(topic):
+                end = self._store.seal(topic)
+                while not self._store.uploaded_below(topic, end):
+                    if time.monotonic() - started > UNLOAD_UPLOAD_TIMEOUT:
+                        self._handed.pop(topic, None)
+                        log.error(
+                            "topic unload given up: its WAL tail was not uploaded in %.0f s "
+                            "topic=%s end=%d (served here again)",
+                            UNLOAD_UPLOAD_TIMEOUT,
+                            topic,
+                            end,
+                        )
+                        return False
+                    await asyncio.sleep(_RECOVER_POLL_SECONDS)
+                # The next owner continues right after the last offset assigned here.
+                await self._reservations.hand_over(topic, end)
+        await self._ownership.release(topic)
+        log.info(
+            "topic unloaded topic=%s committed_below=%s took_s=%.2f",
+            topic,
+            end,
+            time.monotonic() - started,
+        )
+        return True
+
+    async def _handed_over(self, topic: str) -> str | None:
+        """Another live broker's URL while ``topic`` was recently unloaded from here (clients
+        go there instead of this broker taking the topic back), else None."""
+        until = self._handed.get(topic)
+        if until is None:
+            return None
+        if time.monotonic() > until:
+            del self._handed[topic]
+            return None
+        owner = await self._ownership.owner_of(topic)
+        if owner is not None and owner.broker_id != self.broker_id:
+            return owner.url
+        for stored in await self._ownership.kv.get_prefix(self._keys.brokers_prefix()):
+            if stored.key.rsplit("/", 1)[-1] != self.broker_id:
+                url = json.loads(stored.value).get("url")
+                if isinstance(url, str):
+                    return url
+        return None  # no other broker: serve it here again
 
     def owns(self, topic: str) -> bool:
         return topic in self._topics

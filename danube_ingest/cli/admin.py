@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ def register(commands: Any) -> None:
     _etcd_options(topics)
     topics.add_argument("--namespace", help="only this namespace")
     topics.set_defaults(handler=_sync(_topics))
-    actions = topics.add_subparsers(dest="action", metavar="{delete}")
+    actions = topics.add_subparsers(dest="action", metavar="{delete,unload}")
     delete = actions.add_parser(
         "delete",
         help="delete a topic: fence its owner, remove its metadata, retire its objects",
@@ -37,6 +38,18 @@ def register(commands: Any) -> None:
     _etcd_options(delete)
     delete.add_argument("topic", help="topic name, /namespace/topic")
     delete.set_defaults(handler=_sync(_delete))
+    unload = actions.add_parser(
+        "unload",
+        help="move a topic off its broker: it uploads the topic's WAL tail, releases it, and "
+        "another broker takes it",
+        formatter_class=DefaultsHelpFormatter,
+    )
+    _etcd_options(unload)
+    unload.add_argument("topic", help="topic name, /namespace/topic")
+    unload.add_argument(
+        "--timeout", type=float, default=90.0, help="seconds to wait for the owner to let go"
+    )
+    unload.set_defaults(handler=_sync(_unload))
 
     subs = commands.add_parser(
         "subscriptions",
@@ -119,6 +132,43 @@ async def _delete(args: argparse.Namespace) -> int:
         f"({report.retired_objects} objects retired), {report.prune_marks} prune marks"
     )
     return 0
+
+
+#: Lease of an unload request: how long the broker it names keeps redirecting the topic's
+#: clients to other brokers instead of taking the topic back.
+UNLOAD_LEASE_SECONDS = 30
+
+
+async def _unload(args: argparse.Namespace) -> int:
+    kv, keys, records = await _connect(args)
+    try:
+        if await records.get_topic(args.topic) is None:
+            print(f"error: topic {args.topic} does not exist", file=sys.stderr)
+            return 1
+        owner = await _owner(kv, keys, args.topic)
+        if owner is None:
+            print(f"topic {args.topic} is not owned by any broker: nothing to unload")
+            return 0
+        lease = await kv.grant_lease(UNLOAD_LEASE_SECONDS)
+        request = {"broker": owner.broker_id, "requested_ms": int(time.time() * 1000)}
+        await kv.put(keys.topic_unload(args.topic), json.dumps(request).encode(), lease=lease)
+        deadline = time.monotonic() + args.timeout
+        while True:
+            now = await _owner(kv, keys, args.topic)
+            if now is None or now.broker_id != owner.broker_id or now.epoch != owner.epoch:
+                where = "not owned yet" if now is None else f"now owned by {now.broker_id}"
+                print(f"topic {args.topic} unloaded from {owner.broker_id} ({where})")
+                return 0
+            if time.monotonic() > deadline:
+                print(
+                    f"error: {owner.broker_id} still owns {args.topic} after {args.timeout:.0f} s "
+                    "(its WAL tail may not upload: see its log); try again",
+                    file=sys.stderr,
+                )
+                return 1
+            await asyncio.sleep(0.1)
+    finally:
+        await kv.close()
 
 
 async def _subscriptions(args: argparse.Namespace) -> int:

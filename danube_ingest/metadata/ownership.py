@@ -122,6 +122,7 @@ class Ownership:
         self._held: dict[str, _Held] = {}
         self._topic_by_key: dict[str, str] = {}
         self._callbacks: list[TopicLostCallback] = []
+        self._unload_callbacks: list[TopicLostCallback] = []
         self._watch_task: asyncio.Task[None] | None = None
         self._watch_lock = asyncio.Lock()
         self._closed = False
@@ -130,6 +131,11 @@ class Ownership:
     def on_lost(self, callback: TopicLostCallback) -> None:
         """Call ``callback(topic)`` when this broker loses a topic it had acquired."""
         self._callbacks.append(callback)
+
+    def on_unload(self, callback: TopicLostCallback) -> None:
+        """Call ``callback(topic)`` when an unload request (``Keys.topic_unload``) naming this
+        broker appears for a topic it holds."""
+        self._unload_callbacks.append(callback)
 
     def is_owner(self, topic: str) -> bool:
         """Whether this broker holds the topic, as far as it knows (no I/O).
@@ -412,12 +418,34 @@ class Ownership:
                 break
 
     def _on_event(self, event: WatchEvent) -> None:
+        if event.kind == "put" and event.kv.key.endswith("/unload"):
+            self._on_unload_event(event)
+            return
         topic = self._topic_by_key.get(event.kv.key)
         held = None if topic is None else self._held.get(topic)
         if topic is None or held is None or event.kv.mod_revision <= held.mod_revision:
             return
         what = "deleted" if event.kind == "delete" else "overwritten"
         self._lose(topic, held, f"the owner key was {what}")
+
+    def _on_unload_event(self, event: WatchEvent) -> None:
+        owner_key = event.kv.key.removesuffix("unload") + "owner"
+        topic = self._topic_by_key.get(owner_key)
+        if topic is None or topic not in self._held:
+            return
+        try:
+            broker = json.loads(event.kv.value)["broker"]
+        except (ValueError, TypeError, KeyError):
+            log.warning("malformed unload request key=%s value=%r", event.kv.key, event.kv.value)
+            return
+        if broker != self.session.broker_id:
+            return
+        log.info("topic unload requested topic=%s broker=%s", topic, broker)
+        for callback in list(self._unload_callbacks):
+            try:
+                callback(topic)
+            except Exception:
+                log.exception("ownership on_unload callback failed topic=%s", topic)
 
     async def _verify_held(self) -> None:
         for topic, held in list(self._held.items()):

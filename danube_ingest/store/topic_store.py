@@ -514,6 +514,15 @@ class TopicStore:
             await batch
         return True
 
+    def seal(self, topic: str) -> int:
+        """Seal the active segment of ``topic``'s region (so the uploader takes everything
+        staged so far); returns the topic's next offset. ``uploaded_below(topic, that)`` then
+        says when all of it is committed to the manifest."""
+        region = self._region(topic)
+        meta = region.topic(topic)
+        region.rotate()
+        return 0 if meta is None else meta.next_offset
+
     def incarnation(self, topic: str) -> int | None:
         """The incarnation the WAL's data of ``topic`` belongs to (``set_incarnation``), None
         if none was recorded (the topic is new here, or its data predates the record)."""
