@@ -142,33 +142,43 @@ UNLOAD_LEASE_SECONDS = 30
 async def _unload(args: argparse.Namespace) -> int:
     kv, keys, records = await _connect(args)
     try:
-        if await records.get_topic(args.topic) is None:
-            print(f"error: topic {args.topic} does not exist", file=sys.stderr)
-            return 1
-        owner = await _owner(kv, keys, args.topic)
-        if owner is None:
-            print(f"topic {args.topic} is not owned by any broker: nothing to unload")
-            return 0
-        lease = await kv.grant_lease(UNLOAD_LEASE_SECONDS)
-        request = {"broker": owner.broker_id, "requested_ms": int(time.time() * 1000)}
-        await kv.put(keys.topic_unload(args.topic), json.dumps(request).encode(), lease=lease)
-        deadline = time.monotonic() + args.timeout
-        while True:
-            now = await _owner(kv, keys, args.topic)
-            if now is None or now.broker_id != owner.broker_id or now.epoch != owner.epoch:
-                where = "not owned yet" if now is None else f"now owned by {now.broker_id}"
-                print(f"topic {args.topic} unloaded from {owner.broker_id} ({where})")
-                return 0
-            if time.monotonic() > deadline:
-                print(
-                    f"error: {owner.broker_id} still owns {args.topic} after {args.timeout:.0f} s "
-                    "(its WAL tail may not upload: see its log); try again",
-                    file=sys.stderr,
-                )
-                return 1
-            await asyncio.sleep(0.1)
+        return await _request_unload(args, kv, keys, records)
+    except DanubeIngestError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         await kv.close()
+
+
+async def _request_unload(
+    args: argparse.Namespace, kv: EtcdKV, keys: Keys, records: Records
+) -> int:
+    """Ask the topic's owner to unload it; wait until it let go (see ``TopicManager.unload``)."""
+    if await records.get_topic(args.topic) is None:
+        print(f"error: topic {args.topic} does not exist", file=sys.stderr)
+        return 1
+    owner = await _owner(kv, keys, args.topic)
+    if owner is None:
+        print(f"topic {args.topic} is not owned by any broker: nothing to unload")
+        return 0
+    lease = await kv.grant_lease(UNLOAD_LEASE_SECONDS)
+    request = {"broker": owner.broker_id, "requested_ms": int(time.time() * 1000)}
+    await kv.put(keys.topic_unload(args.topic), json.dumps(request).encode(), lease=lease)
+    deadline = time.monotonic() + args.timeout
+    while True:
+        now = await _owner(kv, keys, args.topic)
+        if now is None or now.broker_id != owner.broker_id or now.epoch != owner.epoch:
+            where = "not owned yet" if now is None else f"now owned by {now.broker_id}"
+            print(f"topic {args.topic} unloaded from {owner.broker_id} ({where})")
+            return 0
+        if time.monotonic() > deadline:
+            print(
+                f"error: {owner.broker_id} still owns {args.topic} after {args.timeout:.0f} s "
+                "(its WAL tail may not upload: see its log); try again",
+                file=sys.stderr,
+            )
+            return 1
+        await asyncio.sleep(0.1)
 
 
 async def _subscriptions(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ import pytest
 from danube.proto import DanubeApi_pb2 as pb
 
 from danube_ingest.broker.server import Broker
+from danube_ingest.cli import main
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.objects.orphans import collect_orphans
 from danube_ingest.testing import BrokerProcess
@@ -305,3 +306,22 @@ async def test_broker_down_during_deletion_never_serves_the_old_incarnation(
     finally:
         await asyncio.to_thread(a.stop)
         await asyncio.to_thread(b.stop)
+
+
+async def test_delete_and_unload_refuse_bad_input_clearly(
+    etcd_server: str, etcd_prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    etcd = ("--etcd", etcd_server, "--prefix", etcd_prefix)
+    for argv, expected in [
+        (("topics", "delete", "no-slashes", *etcd), "invalid topic name 'no-slashes'"),
+        (("topics", "unload", "/default/absent", *etcd), "topic /default/absent does not exist"),
+        (("topics", "unload", "/a/b/c", *etcd), "invalid topic name '/a/b/c'"),
+    ]:
+        capsys.readouterr()
+        assert await asyncio.to_thread(main, list(argv)) == 1, argv
+        err = capsys.readouterr().err
+        assert expected in err, err
+    # Deleting what does not exist is no error (it finishes an interrupted deletion).
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["topics", "delete", "/default/absent", *etcd]) == 0
+    assert "did not exist" in capsys.readouterr().out
