@@ -164,6 +164,7 @@ class TopicStore:
         #: topic -> the incarnation (its record's etcd create revision) the WAL's data of the
         #: topic belongs to; persisted in ``wal_dir/incarnations.json``.
         self._incarnations: dict[str, int] = _read_incarnations(wal_dir)
+        self._incarnations_lock = asyncio.Lock()
 
     @classmethod
     async def open(
@@ -536,8 +537,11 @@ class TopicStore:
             return
         self._incarnations[topic] = incarnation
         if self._wal_dir is not None:
-            data = json.dumps(self._incarnations, sort_keys=True).encode()
-            await asyncio.to_thread(_write_incarnations, self._wal_dir, data)
+            # One writer at a time (they share the temporary file); each writes the map as it
+            # is then, so the last one to finish holds every change.
+            async with self._incarnations_lock:
+                data = json.dumps(self._incarnations, sort_keys=True).encode()
+                await asyncio.to_thread(_write_incarnations, self._wal_dir, data)
 
     def _on_durable(self, groups: list[Group]) -> None:
         if self._max_wal_bytes is not None or self._disk_low:

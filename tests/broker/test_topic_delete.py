@@ -94,6 +94,7 @@ async def test_delete_fences_clients_removes_keys_objects_and_wal_and_recreates_
         held = {span.seq for span in meta.spans}
         await broker.cleaner.clean_once()
         assert held & region.sealed, "the holding subscription keeps T's segments"
+        bytes_before = region.disk_bytes
 
         out = await run_cli(
             capsys, "topics", "delete", T, "--etcd", etcd_server, "--prefix", etcd_prefix
@@ -130,6 +131,7 @@ async def test_delete_fences_clients_removes_keys_objects_and_wal_and_recreates_
             assert time.monotonic() < deadline, (sorted(held), sorted(region.sealed))
             await asyncio.sleep(0.3)
         assert not region.dropped or min(region.sealed, default=0) <= max(region.dropped.values())
+        print(f"WAL region bytes: {bytes_before} before the deletion, {region.disk_bytes} after")
 
         # Objects: those only the topic named go after the grace period; shared ones stay.
         report = await collect_orphans(

@@ -282,3 +282,17 @@ async def test_dropped_topic_starts_clean_also_after_reopen(
         built = build_segment_object(data, key="k", codec="none", dropped=region.dropped)
         span = built.footer.topics.get("doomed")
         assert span is None or (span.first_offset, span.entries) == (0, 3)
+
+
+async def test_incarnations_set_concurrently_all_survive_a_reopen(
+    file_stores: StoreFactory,
+) -> None:
+    """Topics loaded at once (the partitions of one topic) record their incarnations
+    concurrently; every one is durable and none of the writes fails."""
+    store = await file_stores.open(**OPTIONS)
+    names = [f"/default/p-part-{i}" for i in range(8)]
+    await asyncio.gather(*(store.set_incarnation(n, 100 + i) for i, n in enumerate(names)))
+    await store.close()
+    store = await file_stores.open(**OPTIONS)
+    assert [store.incarnation(n) for n in names] == [100 + i for i in range(8)]
+    assert store.incarnation("/default/other") is None
