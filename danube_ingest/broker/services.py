@@ -42,6 +42,7 @@ from danube_ingest.metadata.errors import (
     InvalidNameError,
     LeaseExpiredError,
     MetadataUnavailableError,
+    TopicDeletedError,
 )
 from danube_ingest.schema.errors import (
     IncompatibleSchemaError,
@@ -63,6 +64,7 @@ _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     # A subscription name that cannot be a metadata key segment ('/', spaces...).
     (InvalidNameError, grpc.StatusCode.INVALID_ARGUMENT),
     (TopicNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (TopicDeletedError, grpc.StatusCode.NOT_FOUND),
     (UnknownClientError, grpc.StatusCode.NOT_FOUND),
     (SchemaNotFoundError, grpc.StatusCode.NOT_FOUND),
     (StrategyMismatchError, grpc.StatusCode.FAILED_PRECONDITION),

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -56,7 +57,7 @@ from danube_ingest.dispatch import (
 )
 from danube_ingest.errors import DanubeIngestError, OffsetOutOfRangeError
 from danube_ingest.metadata.clock import read_clock
-from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError
+from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError, TopicDeletedError
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.offsets import OffsetReservation
@@ -93,6 +94,12 @@ CONSUMER_STALL_SECONDS = 10.0
 #: slowly or not yet at all). Small, because every consumer of the topic waits for this.
 _RECOVER_POLL_SECONDS = 0.05
 _RECOVER_RETRY_MAX_SECONDS = 1.0
+#: After handing a topic over (unload), this broker redirects clients of the topic to another
+#: live broker for this long instead of taking it back (the unload request's lease, too).
+UNLOAD_HOLD_SECONDS = 30.0
+#: An unload waits this long for the uploader to commit the topic's WAL tail; if it cannot,
+#: the unload is given up and the topic stays here (handing it over would leave a gap).
+UNLOAD_UPLOAD_TIMEOUT = 60.0
 
 
 @dataclass
@@ -167,8 +174,11 @@ class TopicManager:
         self._closed = False
         #: streams are ending for good (shutdown): they no longer wait for a lost topic
         self._ending = False
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+        #: topic -> until when (monotonic) clients are sent elsewhere after an unload
+        self._handed: dict[str, float] = {}
         ownership.on_lost(self._on_ownership_lost)
+        ownership.on_unload(self._on_unload_requested)
 
     # -- topics ----------------------------------------------------------------------------
 
@@ -181,8 +191,13 @@ class TopicManager:
         record = await self._records.get_topic(topic)
         if record is None:
             raise TopicNotFoundError(f"topic {topic} does not exist")
+        elsewhere = await self._handed_over(topic)
+        if elsewhere is not None:
+            return False, elsewhere
         try:
-            owner = await self._ownership.acquire(topic)
+            owner = await self._ownership.acquire(topic, require_record=True)
+        except TopicDeletedError as exc:
+            raise TopicNotFoundError(f"topic {topic} does not exist") from exc
         except LeaseExpiredError:
             # Our session is being renewed: we cannot own anything, but can name the owner.
             current = await self._ownership.owner_of(topic)
@@ -227,14 +242,25 @@ class TopicManager:
             if record is None:
                 if create_reliable is None:
                     raise TopicNotFoundError(f"topic {topic} does not exist")
-                record, _created = await self._records.create_topic_if_absent(
+                record, created = await self._records.create_topic_if_absent(
                     TopicRecord(name=topic, reliable=create_reliable, created_ms=_now_ms())
                 )
-            owner = await self._ownership.acquire(topic)
+                if created and await self._store.drop_topic(topic):
+                    # What this WAL holds of the name belongs to a deleted incarnation (deleted
+                    # while this broker was away): the new topic starts clean.
+                    log.warning("stale wal data of a deleted topic dropped topic=%s", topic)
+            elsewhere = await self._handed_over(topic)
+            if elsewhere is not None:
+                raise NotOwnerError(topic, elsewhere)
+            try:
+                owner = await self._ownership.acquire(topic, require_record=True)
+            except TopicDeletedError as exc:
+                raise TopicNotFoundError(f"topic {topic} does not exist") from exc
             if owner.broker_id != self.broker_id:
                 raise NotOwnerError(topic, owner.url)
             runtime = TopicRuntime(topic, record)
             if record.reliable:
+                await self._check_incarnation(topic)
                 local = self._store.info(topic)
                 start = await self._reservations.start_offset(
                     topic, local.next_offset if local is not None else None
@@ -257,6 +283,23 @@ class TopicManager:
             )
             return runtime
 
+    async def _check_incarnation(self, topic: str) -> None:
+        """Drop what the WAL holds of an earlier incarnation of ``topic`` (deleted while this
+        broker was away, then created again anywhere), and record the current one, before the
+        topic is served here."""
+        incarnation = await self._records.topic_incarnation(topic)
+        if incarnation is None:
+            raise TopicNotFoundError(f"topic {topic} does not exist")
+        known = self._store.incarnation(topic)
+        if known is not None and known != incarnation and await self._store.drop_topic(topic):
+            log.warning(
+                "stale wal data of a deleted topic dropped topic=%s incarnation=%d was=%d",
+                topic,
+                incarnation,
+                known,
+            )
+        await self._store.set_incarnation(topic, incarnation)
+
     def _on_ownership_lost(self, topic: str) -> None:
         runtime = self._topics.pop(topic, None)
         if runtime is None:
@@ -268,12 +311,106 @@ class TopicManager:
 
     async def _unload(self, runtime: TopicRuntime) -> None:
         """Stop serving a topic: close its subscriptions (their consumer handles close; the
-        streams reading them wait for the topic to be served again, see ``receive``)."""
+        streams reading them wait for the topic to be served again, see ``receive``).
+
+        A topic lost because it was deleted (its record is gone) is also dropped from the WAL
+        (``TopicStore.drop_topic``) and its client registrations forgotten: its streams and
+        producers then get NOT_FOUND, and a topic created again under the name starts clean.
+        """
         runtime.closed = True
         for subscription in runtime.subscriptions.values():
             await subscription.close()
         if runtime.fanout is not None:
             await runtime.fanout.close()
+        if self._closed:
+            return
+        try:
+            deleted = await self._records.get_topic(runtime.name) is None
+        except DanubeIngestError as exc:
+            log.warning("topic deletion check failed topic=%s error=%s", runtime.name, exc)
+            return
+        if deleted and runtime.name not in self._topics:
+            await self._forget_deleted(runtime.name)
+
+    async def _forget_deleted(self, topic: str) -> None:
+        """Drop a deleted topic's WAL data and cached client registrations (see ``_unload``)."""
+        for known in (self._producers, self._consumers):
+            for cid in [cid for cid, rec in known.items() if rec.topic == topic]:
+                del known[cid]
+        dropped = await self._store.drop_topic(topic)
+        log.info("topic deleted: fenced and dropped topic=%s wal_dropped=%s", topic, dropped)
+
+    # -- unload ----------------------------------------------------------------------------
+
+    def _on_unload_requested(self, topic: str) -> None:
+        task = asyncio.get_running_loop().create_task(self.unload(topic))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def unload(self, topic: str) -> bool:
+        """Hand ``topic`` over to another broker (``topics unload``); returns whether it was.
+
+        Producers and consumers are told to look the topic up again (``UNAVAILABLE``; consumer
+        health checks answer ``CLOSE``) and are redirected to another live broker. Before the
+        ownership is released, the cursors are flushed and (``wal_cloud``) the topic's WAL tail
+        is sealed, uploaded and committed, so the next owner serves every acknowledged offset
+        and continues after them. If the upload does not finish within
+        UNLOAD_UPLOAD_TIMEOUT the unload is given up and the topic is served here again.
+        """
+        runtime = self._topics.pop(topic, None)
+        if runtime is None:
+            return False
+        self._handed[topic] = time.monotonic() + UNLOAD_HOLD_SECONDS
+        started = time.monotonic()
+        await self._unload(runtime)
+        await self._progress.flush()
+        end = None
+        if runtime.reliable and self._store.cloud is not None:
+            # Until no append slipped in after the last seal or during the hand-over (one
+            # already past the runtime check when the topic was popped).
+            while end != self._store.next_offset(topic):
+                end = self._store.seal(topic)
+                while not self._store.uploaded_below(topic, end):
+                    if time.monotonic() - started > UNLOAD_UPLOAD_TIMEOUT:
+                        self._handed.pop(topic, None)
+                        log.error(
+                            "topic unload given up: its WAL tail was not uploaded in %.0f s "
+                            "topic=%s end=%d (served here again)",
+                            UNLOAD_UPLOAD_TIMEOUT,
+                            topic,
+                            end,
+                        )
+                        return False
+                    await asyncio.sleep(_RECOVER_POLL_SECONDS)
+                # The next owner continues right after the last offset assigned here.
+                await self._reservations.hand_over(topic, end)
+        await self._ownership.release(topic)
+        log.info(
+            "topic unloaded topic=%s committed_below=%s took_s=%.2f",
+            topic,
+            end,
+            time.monotonic() - started,
+        )
+        return True
+
+    async def _handed_over(self, topic: str) -> str | None:
+        """Another live broker's URL while ``topic`` was recently unloaded from here (clients
+        go there instead of this broker taking the topic back), else None."""
+        until = self._handed.get(topic)
+        if until is None:
+            return None
+        if time.monotonic() > until:
+            del self._handed[topic]
+            return None
+        owner = await self._ownership.owner_of(topic)
+        if owner is not None and owner.broker_id != self.broker_id:
+            return owner.url
+        for stored in await self._ownership.kv.get_prefix(self._keys.brokers_prefix()):
+            if stored.key.rsplit("/", 1)[-1] != self.broker_id:
+                url = json.loads(stored.value).get("url")
+                if isinstance(url, str):
+                    return url
+        return None  # no other broker: serve it here again
 
     def owns(self, topic: str) -> bool:
         return topic in self._topics

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
+from danube_ingest.broker.deletion import delete_topic
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
+from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest
@@ -25,6 +29,27 @@ def register(commands: Any) -> None:
     _etcd_options(topics)
     topics.add_argument("--namespace", help="only this namespace")
     topics.set_defaults(handler=_sync(_topics))
+    actions = topics.add_subparsers(dest="action", metavar="{delete,unload}")
+    delete = actions.add_parser(
+        "delete",
+        help="delete a topic: fence its owner, remove its metadata, retire its objects",
+        formatter_class=DefaultsHelpFormatter,
+    )
+    _etcd_options(delete)
+    delete.add_argument("topic", help="topic name, /namespace/topic")
+    delete.set_defaults(handler=_sync(_delete))
+    unload = actions.add_parser(
+        "unload",
+        help="move a topic off its broker: it uploads the topic's WAL tail, releases it, and "
+        "another broker takes it",
+        formatter_class=DefaultsHelpFormatter,
+    )
+    _etcd_options(unload)
+    unload.add_argument("topic", help="topic name, /namespace/topic")
+    unload.add_argument(
+        "--timeout", type=float, default=90.0, help="seconds to wait for the owner to let go"
+    )
+    unload.set_defaults(handler=_sync(_unload))
 
     subs = commands.add_parser(
         "subscriptions",
@@ -89,6 +114,71 @@ async def _topics(args: argparse.Namespace) -> int:
     finally:
         await kv.close()
     return 0
+
+
+async def _delete(args: argparse.Namespace) -> int:
+    kv, keys, _records = await _connect(args)
+    try:
+        report = await delete_topic(kv, keys, args.topic)
+    except DanubeIngestError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await kv.close()
+    what = "deleted" if report.existed else "did not exist; leftovers removed"
+    print(
+        f"topic {report.topic} {what}: {report.subscriptions} subscriptions, "
+        f"{report.clients} clients, {report.manifest_entries} manifest entries "
+        f"({report.retired_objects} objects retired), {report.prune_marks} prune marks"
+    )
+    return 0
+
+
+#: Lease of an unload request: how long the broker it names keeps redirecting the topic's
+#: clients to other brokers instead of taking the topic back.
+UNLOAD_LEASE_SECONDS = 30
+
+
+async def _unload(args: argparse.Namespace) -> int:
+    kv, keys, records = await _connect(args)
+    try:
+        return await _request_unload(args, kv, keys, records)
+    except DanubeIngestError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await kv.close()
+
+
+async def _request_unload(
+    args: argparse.Namespace, kv: EtcdKV, keys: Keys, records: Records
+) -> int:
+    """Ask the topic's owner to unload it; wait until it let go (see ``TopicManager.unload``)."""
+    if await records.get_topic(args.topic) is None:
+        print(f"error: topic {args.topic} does not exist", file=sys.stderr)
+        return 1
+    owner = await _owner(kv, keys, args.topic)
+    if owner is None:
+        print(f"topic {args.topic} is not owned by any broker: nothing to unload")
+        return 0
+    lease = await kv.grant_lease(UNLOAD_LEASE_SECONDS)
+    request = {"broker": owner.broker_id, "requested_ms": int(time.time() * 1000)}
+    await kv.put(keys.topic_unload(args.topic), json.dumps(request).encode(), lease=lease)
+    deadline = time.monotonic() + args.timeout
+    while True:
+        now = await _owner(kv, keys, args.topic)
+        if now is None or now.broker_id != owner.broker_id or now.epoch != owner.epoch:
+            where = "not owned yet" if now is None else f"now owned by {now.broker_id}"
+            print(f"topic {args.topic} unloaded from {owner.broker_id} ({where})")
+            return 0
+        if time.monotonic() > deadline:
+            print(
+                f"error: {owner.broker_id} still owns {args.topic} after {args.timeout:.0f} s "
+                "(its WAL tail may not upload: see its log); try again",
+                file=sys.stderr,
+            )
+            return 1
+        await asyncio.sleep(0.1)
 
 
 async def _subscriptions(args: argparse.Namespace) -> int:

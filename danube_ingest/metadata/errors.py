@@ -9,6 +9,7 @@
           │                             not have been applied; re-read before retrying
           ├── LeaseExpiredError         the lease is gone (expired or revoked), so are its keys
           ├── FencedError               a fenced write failed: this broker no longer owns the topic
+          ├── TopicDeletedError         the topic has no record (deleted): it cannot be acquired
           ├── BrokerIdConflictError     another live broker is registered under the same id
           ├── RevisionCompactedError    a watch asked for history that was compacted away
           ├── InvalidNameError          a topic, subscription or broker name that cannot be a key
@@ -65,6 +66,15 @@ class FencedError(MetadataError):
 
     Nothing was written. Stop serving the topic and redirect clients to the new owner.
     """
+
+    def __init__(self, topic: str, message: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+
+
+class TopicDeletedError(MetadataError):
+    """The topic's record does not exist (it was deleted, or never created), so it cannot be
+    acquired. Stop serving it and skip anything of it still held locally."""
 
     def __init__(self, topic: str, message: str) -> None:
         super().__init__(message)

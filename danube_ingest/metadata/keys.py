@@ -7,6 +7,8 @@ Below the prefix (default ``/danube``); ``{ns}/{topic}`` comes from a topic name
     topics/{ns}/{topic}/owner                      {broker, url, epoch}; under the owner's lease
     topics/{ns}/{topic}/epoch                      last epoch handed out (int); no lease
     topics/{ns}/{topic}/offsets                    {reserved}: offsets below may have been assigned
+    topics/{ns}/{topic}/unload                     {broker, requested_ms}: that broker is asked
+                                                   to hand the topic over; under a short lease
     subscriptions/{ns}/{topic}/{sub}               SubscriptionRecord
     subscriptions/{ns}/{topic}/{sub}/cursor        every offset below it is acked (int)
     clients/{id}                                   ClientRecord
@@ -104,6 +106,11 @@ class Keys:
         """The last ownership epoch handed out for the topic (no lease, never decreases)."""
         return f"{self.topic(topic)}/epoch"
 
+    def topic_unload(self, topic: str) -> str:
+        """An unload request ``{broker, requested_ms}`` (``topics unload``), under a short
+        lease: the named broker hands the topic over and does not take it back meanwhile."""
+        return f"{self.topic(topic)}/unload"
+
     def topic_offsets(self, topic: str) -> str:
         """The topic's offset reservation ``{reserved}``."""
         return f"{self.topic(topic)}/offsets"
@@ -177,6 +184,10 @@ class Keys:
     def topic_clock(self, topic: str) -> str:
         """The topic's ingest clock: offsets committed to the manifest and the time after them."""
         return f"{self.prefix}/storage/topics/{self._topic_path(topic)}/clock"
+
+    def storage_topic_prefix(self, topic: str) -> str:
+        """Prefix of everything the cold path keeps of a topic (manifest, clock, floor...)."""
+        return f"{self.prefix}/storage/topics/{self._topic_path(topic)}/"
 
     def topic_floor(self, topic: str) -> str:
         """The topic's retained floor: retention removed every manifest range below it."""

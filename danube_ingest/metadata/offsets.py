@@ -109,6 +109,23 @@ class OffsetReservation:
                 entry = None  # changed since read: read again
             raise MetadataError(f"the offset reservation of {topic} kept changing under its owner")
 
+    async def hand_over(self, topic: str, next_offset: int) -> None:
+        """Set the reservation to exactly ``next_offset`` before the topic is released, so
+        the next owner continues there with no gap (an unload).
+
+        The caller guarantees that no offset at or past ``next_offset`` was assigned. Any later
+        assignment by this broker must reserve again (fenced: after the release it fails), so
+        the next owner never reuses an offset. Raises ``FencedError`` if this broker does not
+        own the topic.
+        """
+        async with self._locks.setdefault(topic, asyncio.Lock()):
+            epoch = self._owner(topic).epoch
+            broker = self._ownership.session.broker_id
+            key = self._ownership.keys.topic_offsets(topic)
+            value = json.dumps({"reserved": next_offset, "broker": broker}).encode()
+            await self._ownership.fenced(topic, [Put(key, value)])
+            self._cache[topic] = _Reserved(epoch, next_offset, None, broker)
+
     def _owner(self, topic: str) -> Owner:
         owner = self._ownership.owned(topic)
         if owner is None:

@@ -33,6 +33,7 @@ from danube_ingest.metadata.errors import (
     FencedError,
     LeaseExpiredError,
     MetadataError,
+    TopicDeletedError,
 )
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import (
@@ -121,6 +122,7 @@ class Ownership:
         self._held: dict[str, _Held] = {}
         self._topic_by_key: dict[str, str] = {}
         self._callbacks: list[TopicLostCallback] = []
+        self._unload_callbacks: list[TopicLostCallback] = []
         self._watch_task: asyncio.Task[None] | None = None
         self._watch_lock = asyncio.Lock()
         self._closed = False
@@ -129,6 +131,11 @@ class Ownership:
     def on_lost(self, callback: TopicLostCallback) -> None:
         """Call ``callback(topic)`` when this broker loses a topic it had acquired."""
         self._callbacks.append(callback)
+
+    def on_unload(self, callback: TopicLostCallback) -> None:
+        """Call ``callback(topic)`` when an unload request (``Keys.topic_unload``) naming this
+        broker appears for a topic it holds."""
+        self._unload_callbacks.append(callback)
 
     def is_owner(self, topic: str) -> bool:
         """Whether this broker holds the topic, as far as it knows (no I/O).
@@ -152,12 +159,14 @@ class Ownership:
         current = await self.kv.get(key)
         return None if current is None else Owner.decode(current.value, key)
 
-    async def acquire(self, topic: str) -> Owner:
+    async def acquire(self, topic: str, *, require_record: bool = False) -> Owner:
         """Become the topic's owner if nobody is; return whoever owns it now.
 
         The result is this broker's ``Owner`` (a fresh epoch, or the current one if it already
         held the topic) or another live broker's, to which clients must be redirected. Raises
-        ``LeaseExpiredError`` if the broker session is not alive.
+        ``LeaseExpiredError`` if the broker session is not alive. With ``require_record`` the
+        acquisition also compares, in its transaction, that the topic's record exists, and
+        raises ``TopicDeletedError`` if it does not: a deleted topic is never taken again.
         """
         if self._closed:
             raise MetadataError(f"ownership of broker {self.session.broker_id} was closed")
@@ -185,6 +194,9 @@ class Ownership:
                 compares.append(Compare.unchanged(owner_key, current))
             else:
                 compares.append(Compare.absent(owner_key))
+            record_key = self.keys.topic(topic)
+            if require_record:
+                compares.append(Compare(record_key, "create", ">", 0))
             last_epoch = 0 if epoch_kv is None else _decode_int(epoch_kv.value, epoch_key)
             mine = Owner(self.session.broker_id, self.session.advertised_url, last_epoch + 1)
             value = mine.encode()
@@ -195,7 +207,10 @@ class Ownership:
                     Put(epoch_key, str(mine.epoch).encode()),
                     Get(owner_key),
                 ],
+                [Get(record_key)],
             )
+            if not result.succeeded and require_record and result.kv(0) is None:
+                raise TopicDeletedError(topic, f"topic {topic} does not exist: not acquired")
             written = result.kv(2) if result.succeeded else None
             if written is not None:
                 self._hold(topic, _Held(mine, owner_key, value, written.mod_revision))
@@ -403,12 +418,34 @@ class Ownership:
                 break
 
     def _on_event(self, event: WatchEvent) -> None:
+        if event.kind == "put" and event.kv.key.endswith("/unload"):
+            self._on_unload_event(event)
+            return
         topic = self._topic_by_key.get(event.kv.key)
         held = None if topic is None else self._held.get(topic)
         if topic is None or held is None or event.kv.mod_revision <= held.mod_revision:
             return
         what = "deleted" if event.kind == "delete" else "overwritten"
         self._lose(topic, held, f"the owner key was {what}")
+
+    def _on_unload_event(self, event: WatchEvent) -> None:
+        owner_key = event.kv.key.removesuffix("unload") + "owner"
+        topic = self._topic_by_key.get(owner_key)
+        if topic is None or topic not in self._held:
+            return
+        try:
+            broker = json.loads(event.kv.value)["broker"]
+        except (ValueError, TypeError, KeyError):
+            log.warning("malformed unload request key=%s value=%r", event.kv.key, event.kv.value)
+            return
+        if broker != self.session.broker_id:
+            return
+        log.info("topic unload requested topic=%s broker=%s", topic, broker)
+        for callback in list(self._unload_callbacks):
+            try:
+                callback(topic)
+            except Exception:
+                log.exception("ownership on_unload callback failed topic=%s", topic)
 
     async def _verify_held(self) -> None:
         for topic, held in list(self._held.items()):

@@ -185,6 +185,12 @@ class Records:
         stored = await self.kv.get(key)
         return None if stored is None else TopicRecord.decode(stored.value, key)
 
+    async def topic_incarnation(self, name: str) -> int | None:
+        """The topic's incarnation: its record's etcd create revision (a topic deleted and
+        created again gets a larger one), ``None`` if the topic does not exist."""
+        stored = await self.kv.get(self.keys.topic(name))
+        return None if stored is None else stored.create_revision
+
     async def list_topics(self, ns: str | None = None) -> list[TopicRecord]:
         """Every topic (of one namespace if given), in name order."""
         head = self.keys.topics_prefix()

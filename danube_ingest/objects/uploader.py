@@ -57,7 +57,7 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -70,7 +70,7 @@ from danube_ingest.errors import (
     ObjectNotFoundError,
 )
 from danube_ingest.metadata.clock import read_clock
-from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError
+from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError, TopicDeletedError
 from danube_ingest.metadata.manifest import (
     CommitResult,
     Manifest,
@@ -83,7 +83,14 @@ from danube_ingest.objects.bandwidth import TokenBucket, chunk_bytes, paced_chun
 from danube_ingest.objects.binfmt import BinWriter, Footer, parse_object
 from danube_ingest.objects.store import ObjectStore, RetryPolicy
 from danube_ingest.store.topic_store import TopicStore
-from danube_ingest.wal.framing import Kind, batch_header, decode_frame, decode_time, decode_topic
+from danube_ingest.wal.framing import (
+    Kind,
+    batch_header,
+    decode_drop,
+    decode_frame,
+    decode_time,
+    decode_topic,
+)
 from danube_ingest.wal.log import RegionLog, Sealed
 
 log = logging.getLogger(__name__)
@@ -143,8 +150,12 @@ def build_segment_object(
     key: str,
     codec: str,
     frame_bytes: int = OBJECT_FRAME_BYTES,
+    dropped: Collection[int] = (),
 ) -> SegmentObject:
     """Regroup a sealed segment's frames by topic into a ``.bin`` object.
+
+    Frames of a topic id in ``dropped``, or dropped by a DROP frame in the segment, are left
+    out: they belong to a deleted topic (``RegionLog.dropped``).
 
     Raises ``ObjectFormatError`` naming ``key`` if the segment does not decode (a damaged
     sealed segment is never uploaded in part).
@@ -152,6 +163,7 @@ def build_segment_object(
     view = data if isinstance(data, memoryview) else memoryview(data)
     names: dict[int, str] = {}
     runs: dict[int, _Run] = {}
+    skip = set(dropped)
     writer = BinWriter(codec)
 
     def flush(topic_id: int, run: _Run) -> None:
@@ -174,6 +186,9 @@ def build_segment_object(
             if kind == Kind.MESSAGES:
                 header = batch_header(frame.body)
                 topic_id = header.topic_id
+                if topic_id in skip:
+                    position = frame.end
+                    continue
                 if topic_id not in names:
                     raise ObjectFormatError(
                         key, position, f"MESSAGES frame of unregistered topic id {topic_id}"
@@ -202,6 +217,10 @@ def build_segment_object(
             elif kind == Kind.TOPIC:
                 topic_id, name = decode_topic(frame.body)
                 names[topic_id] = name
+            elif kind == Kind.DROP:
+                topic_id = decode_drop(frame.body)[0]
+                skip.add(topic_id)
+                runs.pop(topic_id, None)
             position = frame.end
     except FrameError as exc:
         raise ObjectFormatError(key, position, f"segment does not decode: {exc}") from exc
@@ -376,7 +395,13 @@ class SegmentUploader:
         data = await region.read(seq, 0, size)
         obj = await self._with_retries(
             f"build {key}",
-            lambda: asyncio.to_thread(build_segment_object, data, key=key, codec=self._codec),
+            lambda: asyncio.to_thread(
+                build_segment_object,
+                data,
+                key=key,
+                codec=self._codec,
+                dropped=frozenset(region.dropped),
+            ),
         )
         if not obj.footer.topics:
             # Only a checkpoint (and maybe TIME markers): nothing to store, nothing to PUT.
@@ -452,7 +477,13 @@ class SegmentUploader:
             return
         seq = _seq_of(obj.key)
         data = await region.read(seq, 0, region.segment_sizes[seq])
-        built = await asyncio.to_thread(build_segment_object, data, key=obj.key, codec=self._codec)
+        built = await asyncio.to_thread(
+            build_segment_object,
+            data,
+            key=obj.key,
+            codec=self._codec,
+            dropped=frozenset(region.dropped),
+        )
         if built.size != obj.size or built.crc != obj.crc:
             raise ObjectFormatError(
                 obj.key,
@@ -477,8 +508,17 @@ class SegmentUploader:
         for topic, span in obj.footer.topics.items():
             owner = ownership.owned(topic)
             if owner is None:
-                acquired = await ownership.acquire(topic)
+                try:
+                    acquired = await ownership.acquire(topic, require_record=True)
+                except TopicDeletedError:
+                    # Written before the topic was deleted: nothing may commit it any more.
+                    log.info(
+                        "segment range of a deleted topic skipped key=%s topic=%s", obj.key, topic
+                    )
+                    continue
                 owner = acquired if acquired.broker_id == self._broker_id else None
+                if owner is not None and await self._stale_incarnation(topic):
+                    continue
                 careful.add(topic)
             ranges.append(
                 ObjectRange(
@@ -542,6 +582,24 @@ class SegmentUploader:
         )
         for listener in self._listeners:
             listener(region.region, seq)
+
+    async def _stale_incarnation(self, topic: str) -> bool:
+        """Whether this WAL's data of ``topic`` belongs to a deleted incarnation (the topic
+        was deleted while this broker was away and created again since): then it is dropped
+        from the WAL (``TopicStore.drop_topic``) and never committed."""
+        known = self._store.incarnation(topic)
+        stored = await self._manifest.kv.get(self._manifest.keys.topic(topic))
+        if known is None or stored is None or stored.create_revision == known:
+            return False
+        await self._store.drop_topic(topic)
+        log.warning(
+            "stale wal data of a deleted topic dropped by the uploader topic=%s incarnation=%d "
+            "was=%d",
+            topic,
+            stored.create_revision,
+            known,
+        )
+        return True
 
     async def _classify(
         self, ranges: list[ObjectRange]

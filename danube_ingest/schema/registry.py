@@ -472,6 +472,11 @@ def _id_key(schema_id: int) -> str:
     return f"ids/{schema_id:020d}"
 
 
+def topic_config_key(topic: str) -> str:
+    """The key of a topic's schema configuration, below the registry's root."""
+    return _topic_key(topic)
+
+
 def _topic_key(topic: str) -> str:
     return f"topics/{_quote(topic)}"
 

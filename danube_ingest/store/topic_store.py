@@ -25,6 +25,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ from danube_ingest.errors import (
 from danube_ingest.store.cache import WALCache
 from danube_ingest.wal.framing import Entry, Kind, batch_header, decode_frame, decode_messages
 from danube_ingest.wal.log import DEFAULT_LINGER_US, FsyncMode, Group, RegionLog, Sealed
-from danube_ingest.wal.meta import TopicMeta
+from danube_ingest.wal.meta import TopicMeta, fsync_dir, write_atomic
 from danube_ingest.wal.space import DiskFree, disk_free
 
 if TYPE_CHECKING:
@@ -100,6 +101,30 @@ class TimeMark:
     """Every entry at ``offset`` or above has an ingest time of at least this."""
 
 
+#: File in the WAL directory mapping topic names to the incarnation their WAL data belongs to.
+INCARNATIONS_NAME = "incarnations.json"
+
+
+def _read_incarnations(wal_dir: Path | None) -> dict[str, int]:
+    if wal_dir is None:
+        return {}
+    try:
+        raw = json.loads((wal_dir / INCARNATIONS_NAME).read_bytes())
+        return {str(k): int(v) for k, v in raw.items()}
+    except FileNotFoundError:
+        return {}
+    except (ValueError, TypeError, AttributeError) as exc:
+        # Written atomically, so damage means tampering: forget it (data then counts as of the
+        # current incarnation, as before incarnations were recorded).
+        log.warning("wal incarnations ignored path=%s error=%r", wal_dir / INCARNATIONS_NAME, exc)
+        return {}
+
+
+def _write_incarnations(wal_dir: Path, data: bytes) -> None:
+    write_atomic(wal_dir / INCARNATIONS_NAME, data)
+    fsync_dir(wal_dir)
+
+
 class TopicStore:
     """Topics over one or more region logs, with a WALCache in front of them."""
 
@@ -137,6 +162,10 @@ class TopicStore:
                 self._topic_region[topic.name] = region
             region.on_durable = self._on_durable
         self._closed = False
+        #: topic -> the incarnation (its record's etcd create revision) the WAL's data of the
+        #: topic belongs to; persisted in ``wal_dir/incarnations.json``.
+        self._incarnations: dict[str, int] = _read_incarnations(wal_dir)
+        self._incarnations_lock = asyncio.Lock()
 
     @classmethod
     async def open(
@@ -467,6 +496,53 @@ class TopicStore:
         info = self.info(topic)
         assert info is not None
         return info
+
+    async def drop_topic(self, topic: str) -> bool:
+        """Forget ``topic`` (it was deleted): see ``RegionLog.drop_topic``. Returns whether this
+        store knew it; once this returns the drop is durable, and the name is a new, empty
+        topic starting at offset 0. Readers of the dropped incarnation see no more entries."""
+        region = self._topic_region.get(topic)
+        meta = region.topic(topic) if region is not None else None
+        if region is None or meta is None:
+            return False
+        batch = region.drop_topic(topic)
+        self._cache.drop(meta)
+        # Wake readers waiting for the dropped incarnation's next entry: there is none.
+        waiters, meta.waiters = meta.waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if batch is not None:
+            await batch
+        return True
+
+    def seal(self, topic: str) -> int:
+        """Seal the active segment of ``topic``'s region (so the uploader takes everything
+        staged so far); returns the topic's next offset. ``uploaded_below(topic, that)`` then
+        says when all of it is committed to the manifest."""
+        region = self._region(topic)
+        meta = region.topic(topic)
+        region.rotate()
+        return 0 if meta is None else meta.next_offset
+
+    def incarnation(self, topic: str) -> int | None:
+        """The incarnation the WAL's data of ``topic`` belongs to (``set_incarnation``), None
+        if none was recorded (the topic is new here, or its data predates the record)."""
+        return self._incarnations.get(topic)
+
+    async def set_incarnation(self, topic: str, incarnation: int) -> None:
+        """Record, durably before returning, that the topic's data from now on belongs to
+        ``incarnation``. Call before serving the topic; ``drop_topic`` first if the recorded
+        incarnation is another one."""
+        if self._incarnations.get(topic) == incarnation:
+            return
+        self._incarnations[topic] = incarnation
+        if self._wal_dir is not None:
+            # One writer at a time (they share the temporary file); each writes the map as it
+            # is then, so the last one to finish holds every change.
+            async with self._incarnations_lock:
+                data = json.dumps(self._incarnations, sort_keys=True).encode()
+                await asyncio.to_thread(_write_incarnations, self._wal_dir, data)
 
     def _on_durable(self, groups: list[Group]) -> None:
         if self._max_wal_bytes is not None or self._disk_low:

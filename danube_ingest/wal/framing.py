@@ -50,6 +50,13 @@ topic will never receive an entry with an ingest time below ``ingest_ms``.
 
 ``CHECKPOINT`` (4): ``u64 segment_seq | i64 created_ms | u16 region_len | region (utf-8)``.
 The first frame of every segment.
+
+``DROP`` (5): ``u32 topic_id | u64 next_offset``. The topic was deleted (its owner fenced it):
+every frame of ``topic_id`` before this one belongs to a deleted incarnation and is forgotten
+(recovery drops the topic's state, the uploader skips its frames, the cleaner no longer keeps
+segments for it). Topic ids are never reused in a region, so a topic created again with the
+same name is registered under a new id and starts clean. ``next_offset`` is the offset the
+dropped incarnation had reached (for diagnostics).
 """
 
 from __future__ import annotations
@@ -89,6 +96,7 @@ class Kind(IntEnum):
     TOPIC = 2
     TIME = 3
     CHECKPOINT = 4
+    DROP = 5
 
 
 _PREFIX = struct.Struct("<IBBHII")
@@ -101,6 +109,7 @@ _ATTR = struct.Struct("<HI")
 _TOPIC = struct.Struct("<IH")
 _TIME = struct.Struct("<IQq")
 _CHECKPOINT = struct.Struct("<QqH")
+_DROP = struct.Struct("<IQ")
 
 #: Largest encoded entry: one alone must fit a MESSAGES frame after its batch header.
 MAX_ENTRY_BODY = MAX_FRAME_BODY - BATCH_HEADER_SIZE
@@ -427,6 +436,10 @@ def time_frame(topic_id: int, next_offset: int, ingest_ms: int) -> bytes:
     return encode_frame(Kind.TIME, _TIME.pack(topic_id, next_offset, ingest_ms))
 
 
+def drop_frame(topic_id: int, next_offset: int) -> bytes:
+    return encode_frame(Kind.DROP, _DROP.pack(topic_id, next_offset))
+
+
 def checkpoint_frame(segment_seq: int, created_ms: int, region: str) -> bytes:
     region_b = region.encode()
     return encode_frame(
@@ -612,3 +625,11 @@ def decode_checkpoint(body: memoryview | bytes) -> tuple[int, int, str]:
         return seq, created_ms, region_b.decode()
     except (struct.error, UnicodeDecodeError) as exc:
         raise CorruptFrameError(f"CHECKPOINT body does not decode: {exc}") from exc
+
+
+def decode_drop(body: memoryview | bytes) -> tuple[int, int]:
+    """``(topic_id, next_offset)`` of a DROP frame's body."""
+    if len(body) != _DROP.size:
+        raise CorruptFrameError(f"DROP body has {len(body)} bytes, expected {_DROP.size}")
+    topic_id, next_offset = _DROP.unpack_from(body, 0)
+    return topic_id, next_offset

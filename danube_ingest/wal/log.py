@@ -56,6 +56,7 @@ from danube_ingest.wal.framing import (
     Entry,
     check_topic_name,
     checkpoint_frame,
+    drop_frame,
     entry_size,
     messages_frame,
     time_frame,
@@ -256,6 +257,10 @@ class RegionLog:
         self._topics: dict[str, TopicMeta] = state.topics
         self._next_topic_id = state.next_topic_id
         self.uploaded: set[int] = set(state.uploaded)
+        #: Dropped topic id -> a seq at or after its DROP frame's segment: segments up to that
+        #: seq may hold its frames, which the uploader must skip (see ``drop_topic``).
+        self.dropped: dict[int, int] = dict(state.dropped)
+        self._pending_drops: list[TopicMeta] = []
         #: seq -> bytes durable in that segment. The active segment grows; sealed ones do not.
         self.segment_sizes: dict[int, int] = dict(state.segments)
         self._disk_bytes = sum(self.segment_sizes.values())
@@ -368,6 +373,31 @@ class RegionLog:
             self._next_topic_id += 1
             self._topics[name] = topic
         return topic
+
+    def drop_topic(self, name: str) -> _Batch | None:
+        """Forget the topic (it was deleted); ``None`` if the region does not know it.
+
+        From the call on, the name is a new, empty topic (the next entry of it gets offset 0
+        under a new topic id) and the dropped incarnation's offsets are no longer readable; its
+        frames no longer keep any segment (the cleaner may delete them once uploaded) and the
+        uploader skips them. The returned future completes once the DROP frame is durable:
+        only then does a restart forget the incarnation too.
+        """
+        topic = self._topics.pop(name, None)
+        if topic is None:
+            return None
+        batch = self._future()
+        # A seq at or after the segment the DROP frame will be framed in.
+        self.dropped[topic.topic_id] = self._seq + 1
+        self._pending_drops.append(topic)
+        log.info(
+            "wal topic dropped region=%s topic=%s topic_id=%d next_offset=%d",
+            self.region,
+            name,
+            topic.topic_id,
+            topic.next_offset,
+        )
+        return batch
 
     # -- appending -------------------------------------------------------------------------
 
@@ -504,9 +534,11 @@ class RegionLog:
         chunk = _Chunk(self._pending_future)
         pending = self._pending
         markers = self._pending_markers
+        drops = self._pending_drops
         pending_bytes = self._pending_bytes
         self._pending = {}
         self._pending_markers = []
+        self._pending_drops = []
         self._pending_bytes = 0
         self._pending_future = None
         self._handoff_handle = None
@@ -515,7 +547,7 @@ class RegionLog:
             self._fail_chunks([chunk], self._error)
             return
         try:
-            self._frame_chunk(chunk, pending, markers, pending_bytes)
+            self._frame_chunk(chunk, pending, markers, pending_bytes, drops)
         except Exception as exc:
             log.exception("wal framing failed region=%s", self.region)
             self._failed(exc, [chunk])
@@ -528,6 +560,7 @@ class RegionLog:
         pending: dict[TopicMeta, list[Entry]],
         markers: list[TopicMeta],
         pending_bytes: int,
+        drops: Sequence[TopicMeta] = (),
     ) -> None:
         """Frame the staged entries and markers into ``chunk`` (the sequencer's bookkeeping
         of positions, spans and registrations follows)."""
@@ -578,7 +611,13 @@ class RegionLog:
             pieces.append(frame)
             position += len(frame)
             out_groups.append((topic, [], topic.next_offset, None))
-        if pending or markers:
+        for topic in drops:
+            # After the topic's own staged frames above: those belong to the dropped
+            # incarnation too.
+            frame = drop_frame(topic.topic_id, topic.next_offset)
+            pieces.append(frame)
+            position += len(frame)
+        if pending or markers or drops:
             self._segment_has_data = True
         chunk.seq = seq
         chunk.end = position
@@ -622,6 +661,7 @@ class RegionLog:
             next_topic_id=self._next_topic_id,
             topics=topics,
             uploaded=sorted(self.uploaded),
+            dropped=dict(self.dropped),
         )
 
     def _schedule_age_check(self) -> None:
@@ -742,6 +782,9 @@ class RegionLog:
         self.sealed.discard(seq)
         self._disk_bytes -= self.segment_sizes.pop(seq, 0)
         self.uploaded.discard(seq)
+        # Segments go oldest first: none at or below ``seq`` is left.
+        for topic_id in [tid for tid, last in self.dropped.items() if last <= seq]:
+            del self.dropped[topic_id]
 
     def mark_uploaded(self, seq: int) -> None:
         """Record that sealed segment ``seq`` is stored as an object and every topic range in

@@ -168,6 +168,8 @@ class Snapshot:
     next_topic_id: int
     topics: list[dict[str, Any]]
     uploaded: list[int] = field(default_factory=list)
+    dropped: dict[int, int] = field(default_factory=dict)
+    """Dropped topic id -> seq of its DROP frame (see ``RegionState.dropped``)."""
 
     def to_bytes(self) -> bytes:
         """``{SNAPSHOT_MAGIC} {crc32c:08x} {length}\n`` then the JSON document: the CRC makes
@@ -183,6 +185,7 @@ class Snapshot:
                 "next_seq": self.next_seq,
                 "next_topic_id": self.next_topic_id,
                 "uploaded": self.uploaded,
+                "dropped": {str(tid): seq for tid, seq in self.dropped.items()},
                 "topics": self.topics,
             },
             separators=(",", ":"),
@@ -211,6 +214,7 @@ class Snapshot:
             next_topic_id=int(doc["next_topic_id"]),
             topics=list(doc["topics"]),
             uploaded=[int(s) for s in doc.get("uploaded", [])],
+            dropped={int(t): int(s) for t, s in doc.get("dropped", {}).items()},
         )
 
 

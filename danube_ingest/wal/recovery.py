@@ -38,6 +38,7 @@ from danube_ingest.wal.framing import (
     Kind,
     batch_header,
     decode_checkpoint,
+    decode_drop,
     decode_frame,
     decode_time,
     decode_topic,
@@ -82,6 +83,9 @@ class RegionState:
     segments: dict[int, int] = field(default_factory=dict)
     """seq -> size in bytes of every segment on disk (all sealed after recovery)."""
     uploaded: set[int] = field(default_factory=set)
+    dropped: dict[int, int] = field(default_factory=dict)
+    """topic id -> seq of the segment holding its DROP frame, while some segment at or below
+    that seq may still hold frames of the dropped topic (see ``Kind.DROP``)."""
     truncated: list[tuple[str, int, int]] = field(default_factory=list)
     """(path, position, bytes removed) for each torn tail that was cut."""
     gaps: list[OffsetGap] = field(default_factory=list)
@@ -113,6 +117,7 @@ _MESSAGES = int(Kind.MESSAGES) | FORMAT_VERSION << 8
 _TOPIC = int(Kind.TOPIC) | FORMAT_VERSION << 8
 _TIME = int(Kind.TIME) | FORMAT_VERSION << 8
 _CHECKPOINT = int(Kind.CHECKPOINT) | FORMAT_VERSION << 8
+_DROP = int(Kind.DROP) | FORMAT_VERSION << 8
 _VALID = frozenset(int(kind) | FORMAT_VERSION << 8 for kind in Kind)
 _NOT_CHECKPOINT = "segment does not start with a CHECKPOINT frame"
 
@@ -352,6 +357,17 @@ def _scan_segment(
                         topic.first_offset = next_offset
                     topic.next_offset = topic.hwm = next_offset
                 topic.last_ingest_ms = max(topic.last_ingest_ms, ingest_ms)
+            elif kv == _DROP:
+                if wbase + position == 0:
+                    raise _Inconsistent(_NOT_CHECKPOINT)
+                topic_id, _next = decode_drop(data[start:stop])
+                # Everything of this incarnation is forgotten; its id is never used again.
+                dropped = by_id.get(topic_id)
+                if dropped is not None and topics.get(dropped.name) is dropped:
+                    del topics[dropped.name]
+                in_segment.pop(topic_id, None)
+                state.dropped[topic_id] = seq
+                state.next_topic_id = max(state.next_topic_id, topic_id + 1)
             else:  # CHECKPOINT
                 cp_seq, _created, _region = decode_checkpoint(data[start:stop])
                 if wbase + position != 0 or cp_seq != seq:
@@ -423,6 +439,10 @@ def _load_snapshot(region_dir: Path, seqs: list[int]) -> tuple[RegionState, int]
         topic.hwm = topic.next_offset
         state.topics[topic.name] = topic
     state.next_topic_id = snapshot.next_topic_id
+    oldest = min(present, default=None)
+    state.dropped = {
+        tid: seq for tid, seq in snapshot.dropped.items() if oldest is not None and oldest <= seq
+    }
     state.uploaded = set(snapshot.uploaded) & present
     state.used_seq = snapshot.next_seq
     return state, snapshot.next_seq

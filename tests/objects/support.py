@@ -19,6 +19,7 @@ from danube_ingest.metadata import BrokerSession, Keys, Ownership
 from danube_ingest.metadata.kv import KV
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
 from danube_ingest.metadata.marks import PruneMarks
+from danube_ingest.metadata.records import Records, TopicRecord
 from danube_ingest.objects.cleaner import WalCleaner
 from danube_ingest.objects.reader import CloudReader
 from danube_ingest.objects.store import ObjectStore, RetryPolicy
@@ -144,7 +145,11 @@ class ColdStack:
         return self
 
     async def acquire(self, *topics: str) -> None:
+        """Create the topics' records (as a broker does before anyone owns a topic: the
+        uploader never acquires a topic without one) and acquire them."""
+        records = Records(self.kv, self.keys)
         for topic in topics:
+            await records.create_topic_if_absent(TopicRecord(name=topic))
             owner = await self.ownership.acquire(topic)
             assert owner.broker_id == self.broker_id
 

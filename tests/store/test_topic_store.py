@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from danube_ingest.errors import OffsetOutOfRangeError
+from danube_ingest.objects.uploader import build_segment_object
 from danube_ingest.store import TopicStore
 from danube_ingest.wal import Entry
 from danube_ingest.wal import log as wal_log
@@ -216,3 +218,81 @@ async def test_awaiting_an_entry_of_a_batch_returns_its_offset() -> None:
     assert list(offsets) == [0, 1]
     assert [await entry for entry in entries] == [0, 1]
     await store.close()
+
+
+async def test_dropped_topic_starts_clean_also_after_reopen(
+    file_stores: StoreFactory, tmp_path: Path
+) -> None:
+    """A dropped (deleted) topic created again starts at offset 0 with none of the old entries,
+    also after a restart that recovers the WAL still holding the old incarnation's frames (a
+    clean close, and a crash image whose recovery scans the DROP frame); the uploader's object
+    of such a segment leaves the dropped frames out."""
+    store = await file_stores.open(**OPTIONS)
+    for i in range(50):
+        await store.append("doomed", Entry(f"old-{i}".encode()))
+    region = store._region("doomed")
+    old_seq = region.active_seq
+    region.rotate()  # the old incarnation's frames in a sealed segment without the DROP
+    await store.append("other", Entry(b"kept"))
+    assert await store.drop_topic("doomed")
+    assert store.info("doomed") is None
+    assert not await store.drop_topic("doomed")  # nothing left to drop
+    for i in range(3):
+        await store.append("doomed", Entry(f"new-{i}".encode()))
+    assert [e.payload for e in await read_topic(store, "doomed")] == [b"new-0", b"new-1", b"new-2"]
+    assert [e.offset for e in await read_topic(store, "doomed")] == [0, 1, 2]
+    dropped = set(region.dropped)
+    assert dropped
+    data = await region.read(old_seq, 0, region.segment_sizes[old_seq])
+    assert (
+        "doomed"
+        not in build_segment_object(data, key="k", codec="none", dropped=dropped).footer.topics
+    )
+    data = await region.read(region.active_seq, 0, region.segment_sizes[region.active_seq])
+    built = build_segment_object(data, key="k", codec="none", dropped=dropped)
+    assert built.footer.topics["doomed"].first_offset == 0
+    assert built.footer.topics["doomed"].entries == 3
+    assert file_stores.wal_dir is not None
+    image = tmp_path / "crash-image"
+    shutil.copytree(file_stores.wal_dir, image, ignore=shutil.ignore_patterns("*.tmp"))
+    await store.close()
+
+    crashed = await TopicStore.open(image, **OPTIONS)
+    try:
+        entries = await read_topic(crashed, "doomed")
+        assert [(e.offset, e.payload) for e in entries] == [
+            (0, b"new-0"),
+            (1, b"new-1"),
+            (2, b"new-2"),
+        ]
+        assert set(crashed._region("doomed").dropped) == dropped
+    finally:
+        await crashed.close()
+
+    store = await file_stores.open(**OPTIONS)
+    entries = await read_topic(store, "doomed")
+    assert [(e.offset, e.payload) for e in entries] == [(0, b"new-0"), (1, b"new-1"), (2, b"new-2")]
+    assert [e.payload for e in await read_topic(store, "other")] == [b"kept"]
+    assert set(store._region("doomed").dropped) == dropped
+    # Without the drop the uploader would have put the old incarnation into the object too.
+    region = store._region("doomed")
+    seqs = sorted(region.segment_sizes)
+    for seq in seqs:
+        data = await region.read(seq, 0, region.segment_sizes[seq])
+        built = build_segment_object(data, key="k", codec="none", dropped=region.dropped)
+        span = built.footer.topics.get("doomed")
+        assert span is None or (span.first_offset, span.entries) == (0, 3)
+
+
+async def test_incarnations_set_concurrently_all_survive_a_reopen(
+    file_stores: StoreFactory,
+) -> None:
+    """Topics loaded at once (the partitions of one topic) record their incarnations
+    concurrently; every one is durable and none of the writes fails."""
+    store = await file_stores.open(**OPTIONS)
+    names = [f"/default/p-part-{i}" for i in range(8)]
+    await asyncio.gather(*(store.set_incarnation(n, 100 + i) for i, n in enumerate(names)))
+    await store.close()
+    store = await file_stores.open(**OPTIONS)
+    assert [store.incarnation(n) for n in names] == [100 + i for i in range(8)]
+    assert store.incarnation("/default/other") is None

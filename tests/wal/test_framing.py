@@ -22,10 +22,12 @@ from danube_ingest.wal.framing import (
     batch_header,
     checkpoint_frame,
     decode_checkpoint,
+    decode_drop,
     decode_frame,
     decode_messages,
     decode_time,
     decode_topic,
+    drop_frame,
     encode_frame,
     frame_pieces,
     iter_frames,
@@ -282,6 +284,7 @@ BODY_DECODERS: list[Callable[[bytes | memoryview], object]] = [
     decode_topic,
     decode_time,
     decode_checkpoint,
+    decode_drop,
     batch_header,
 ]
 
@@ -315,6 +318,7 @@ def sample_frames() -> list[bytes]:
         topic_frame(3, "t\u00f6pic"),
         time_frame(3, 42, 1234),
         checkpoint_frame(5, 6789, "r\u00e9gion"),
+        drop_frame(3, 42),
     ]
 
 
@@ -437,6 +441,7 @@ def test_every_strict_prefix_or_extension_of_a_body_is_corrupt() -> None:
         Kind.TOPIC: decode_topic,
         Kind.TIME: decode_time,
         Kind.CHECKPOINT: decode_checkpoint,
+        Kind.DROP: decode_drop,
     }
     for frame in sample_frames():
         info = decode_frame(frame)
@@ -454,7 +459,7 @@ def test_every_strict_prefix_or_extension_of_a_body_is_corrupt() -> None:
     ("length", "kind", "version"),
     [
         (0, 0, FORMAT_VERSION),
-        (0, 5, FORMAT_VERSION),
+        (0, 6, FORMAT_VERSION),  # the first kind after DROP (5)
         (0, 255, FORMAT_VERSION),
         (0, Kind.TOPIC, 0),
         (0, Kind.TOPIC, FORMAT_VERSION + 1),
