@@ -13,6 +13,7 @@ from crc32c import crc32c
 
 from danube_ingest.cli import main
 from danube_ingest.metadata import BrokerSession, EtcdKV, Keys, Ownership
+from danube_ingest.metadata.jumps import record_jump
 from danube_ingest.metadata.manifest import Manifest, ObjectRange, retire_ops, retired_objects
 from danube_ingest.objects.binfmt import BinWriter
 from danube_ingest.objects.orphans import collect_orphans, manifest_integrity
@@ -188,7 +189,9 @@ def _fields(rng: ObjectRange) -> dict[str, object]:
     return {f: getattr(rng, f) for f in rng.__slots__}
 
 
-async def test_integrity_passes_with_gaps_and_fails_on_damaged_objects(topic: Topic) -> None:
+async def test_integrity_passes_with_recorded_jumps_and_fails_on_damaged_objects(
+    topic: Topic,
+) -> None:
     store = topic.objects
     names = ("intact", "missing", "truncated", "flipped")
     for i, name in enumerate(names):
@@ -197,7 +200,14 @@ async def test_integrity_passes_with_gaps_and_fails_on_damaged_objects(topic: To
             await topic.put(f"topics/default/rolled/{name}.bin", i * 110, i * 110 + 100)
         )
     report = await manifest_integrity(topic.kv, topic.keys, store, deep=True)
-    assert report.ok and report.gaps == 3 and [t.topic for t in report.topics] == [T]
+    assert not report.ok and report.gaps == report.unexplained_gaps == 3
+    assert report.object_problems == [] and len(report.range_problems) == 3
+    assert "offsets 100..109" in report.range_problems[0]
+    for i in range(1, len(names)):
+        await record_jump(topic.ownership, T, i * 110 - 10, i * 110)
+    report = await manifest_integrity(topic.kv, topic.keys, store, deep=True)
+    assert report.ok and report.gaps == 3 and report.unexplained_gaps == 0
+    assert report.jumps == 3 and [t.topic for t in report.topics] == [T]
 
     await store.delete("topics/default/rolled/missing.bin")
     data = await store.get("topics/default/rolled/truncated.bin")
@@ -207,8 +217,8 @@ async def test_integrity_passes_with_gaps_and_fails_on_damaged_objects(topic: To
     await store.put("topics/default/rolled/flipped.bin", bytes(flipped))
 
     report = await manifest_integrity(topic.kv, topic.keys, store)
-    assert not report.ok
-    missing, truncated, crc = report.problems
+    assert not report.ok and report.range_problems == []
+    missing, truncated, crc = report.object_problems
     assert "missing.bin" in missing and "not found" in missing
     assert "truncated.bin" in truncated and "bytes, the manifest says" in truncated
     assert "flipped.bin" in crc and "CRC32C" in crc
