@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
@@ -243,3 +244,32 @@ def test_cli_gc_deletes_old_orphans(
     out = capsys.readouterr().out
     assert "deleted 1 (3 bytes); 1 younger than 3600 s" in out
     assert not orphan.exists() and young.exists()
+
+
+def test_cli_verify_exits_1_on_a_gap_no_recorded_jump_covers(
+    etcd_server: str, keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def setup(jump: bool) -> None:
+        kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+        store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+        topic = await Topic(kv, keys, store).start()
+        if jump:
+            await record_jump(topic.ownership, T, 100, 300)
+        else:
+            await topic.commit(await topic.put("segments/b/r0/00000000000000000001.bin", 0, 100))
+            await topic.commit(await topic.put("segments/b/r0/00000000000000000002.bin", 300, 400))
+        await topic.close()
+        await store.close()
+        await kv.close()
+
+    asyncio.run(setup(jump=False))
+    args = ["objects", "verify", "--data-dir", str(tmp_path), "--etcd", etcd_server]
+    args += ["--prefix", keys.prefix, "--topic", T]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "PROBLEMS" in out and "offsets 100..299" in out and "no recorded offset jump" in out
+    asyncio.run(setup(jump=True))
+    assert main(args) == 0
+    assert (
+        "no offsets 100..299 (skipped by a new owner: a recorded jump)" in capsys.readouterr().out
+    )
