@@ -2,14 +2,21 @@
 
 * :mod:`assets.parquet` - ``parquet_partitions``: committed Parquet per topic and hour, its
   sensor and checks; job ``parquet_collect`` (dead runs' staging, unheld draining renditions).
-* :mod:`assets.objects` - jobs ``object_gc`` (orphaned objects) and ``manifest_integrity``.
+* :mod:`assets.objects` - job ``object_gc`` (orphaned objects); the external asset
+  ``object_manifest`` with its checks ``objects_intact`` and ``ranges_contiguous`` (job
+  ``manifest_integrity``).
 * :mod:`assets.retention` - jobs ``object_retention`` (objects and tables) and
   ``etcd_compaction``.
 * :mod:`assets.rotation` - job ``rotate_topics`` and its ``rotation_sensor``.
 * :mod:`assets.wal_marks` - ``wal_prune_marks``: per-topic WAL prune marks in etcd.
 """
 
-from assets.objects import manifest_integrity_job, object_gc
+from assets.objects import (
+    manifest_integrity_checks,
+    manifest_integrity_job,
+    object_gc,
+    object_manifest,
+)
 from assets.parquet import (
     parquet_checks,
     parquet_collect,
@@ -23,8 +30,10 @@ from assets.wal_marks import wal_prune_marks
 
 __all__ = [
     "etcd_compaction",
+    "manifest_integrity_checks",
     "manifest_integrity_job",
     "object_gc",
+    "object_manifest",
     "object_retention",
     "parquet_checks",
     "parquet_collect",

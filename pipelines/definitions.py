@@ -13,8 +13,10 @@ from dagster import (
 
 from assets import (
     etcd_compaction,
+    manifest_integrity_checks,
     manifest_integrity_job,
     object_gc,
+    object_manifest,
     object_retention,
     parquet_checks,
     parquet_collect,
@@ -66,7 +68,8 @@ object_gc_schedule = ScheduleDefinition(
     job=object_gc, cron_schedule="50 * * * *", default_status=DefaultScheduleStatus.RUNNING
 )
 
-#: Hourly: reads every object the manifest names (size and CRC32C), so not on every minute.
+#: Hourly: the checks of ``object_manifest`` read every object the manifest names (size and
+#: CRC32C), so not on every minute.
 manifest_integrity_schedule = ScheduleDefinition(
     job=manifest_integrity_job,
     cron_schedule="10 * * * *",
@@ -88,8 +91,8 @@ etcd_compaction_schedule = ScheduleDefinition(
 )
 
 defs = Definitions(
-    assets=[wal_prune_marks, parquet_partitions],
-    asset_checks=parquet_checks,
+    assets=[wal_prune_marks, parquet_partitions, object_manifest],
+    asset_checks=[*parquet_checks, manifest_integrity_checks],
     jobs=[
         prune_marks_job,
         parquet_job,

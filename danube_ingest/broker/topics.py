@@ -58,6 +58,7 @@ from danube_ingest.dispatch import (
 from danube_ingest.errors import DanubeIngestError, OffsetOutOfRangeError
 from danube_ingest.metadata.clock import read_clock
 from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError, TopicDeletedError
+from danube_ingest.metadata.jumps import record_jump
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.offsets import OffsetReservation
@@ -262,6 +263,7 @@ class TopicManager:
             if record.reliable:
                 await self._check_incarnation(topic)
                 local = self._store.info(topic)
+                known = local.next_offset if local is not None else 0
                 start = await self._reservations.start_offset(
                     topic, local.next_offset if local is not None else None
                 )
@@ -269,11 +271,14 @@ class TopicManager:
                 if self._manifest is not None:
                     # What earlier owners uploaded: never reassign those offsets (defence in
                     # depth; the reservation already lies beyond them).
-                    start = max(start, await self._manifest.end_offset(topic))
+                    known = max(known, await self._manifest.end_offset(topic))
+                    start = max(start, known)
                     # Never stamp a time below what the topic's clock (maybe an earlier
                     # owner's, with a clock ahead of ours) says of every later entry.
                     clock = await read_clock(self._ownership.kv, self._keys, topic)
                     floor = 0 if clock is None else clock.ingest_ms
+                # Offsets skipped past what is known to exist: recorded before any is assigned.
+                await record_jump(self._ownership, topic, known, start)
                 await self._store.ensure_topic(topic, min_next_offset=start, min_ingest_ms=floor)
             else:
                 runtime.fanout = NonReliableTopic(topic)

@@ -4,7 +4,8 @@
 Reads the manifest from etcd and every object it names (see
 :mod:`danube_ingest.objects.verify`); changes nothing. Exits 1 when a range and its object
 disagree (missing object, wrong size or CRC, a footer that does not match, with ``--deep`` a
-frame that does not decode).
+frame that does not decode) or offsets are missing between ranges with no recorded offset jump
+covering them.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ def _print(report: TopicReport) -> None:
         f"{report.bytes} bytes: {'PROBLEMS' if report.problems else 'ok'}"
     )
     for start, end in report.gaps:
-        print(f"  no offsets {start}..{end} (never assigned, or never committed by a broker)")
+        if not any(start <= a < end for a, _ in report.unexplained):
+            print(f"  no offsets {start}..{end - 1} (skipped by a new owner: a recorded jump)")
     for problem in report.problems:
         print(f"  {problem}")

@@ -19,6 +19,8 @@ Below the prefix (default ``/danube``); ``{ns}/{topic}`` comes from a topic name
     storage/topics/{ns}/{topic}/clock              ingest clock (offset, ingest_ms)
     storage/topics/{ns}/{topic}/floor              {offset, expired_ms, reason}: retention
                                                    removed every range below offset
+    storage/topics/{ns}/{topic}/jumps/{from:020}   {from, to, epoch, broker, reason, at_ms}:
+                                                   an owner skipped offsets [from, to)
     storage/retired/{object key}                   {object_key, retired_ms}: an object a
                                                    manifest change stopped naming
     policies/{ns}                                  RetentionPolicy of a namespace
@@ -192,6 +194,16 @@ class Keys:
     def topic_floor(self, topic: str) -> str:
         """The topic's retained floor: retention removed every manifest range below it."""
         return f"{self.prefix}/storage/topics/{self._topic_path(topic)}/floor"
+
+    def storage_jumps_prefix(self, topic: str) -> str:
+        """Prefix of the topic's recorded offset jumps (in offset order: zero-padded keys)."""
+        return f"{self.prefix}/storage/topics/{self._topic_path(topic)}/jumps/"
+
+    def storage_jump(self, topic: str, start_offset: int) -> str:
+        """The offset jump of the topic starting at ``start_offset`` (``OffsetJump``)."""
+        if start_offset < 0:
+            raise InvalidNameError(f"invalid jump offset {start_offset} for {topic}")
+        return f"{self.storage_jumps_prefix(topic)}{start_offset:020d}"
 
     def storage_retired_prefix(self) -> str:
         """Prefix of the retirement records (objects a manifest change stopped naming)."""

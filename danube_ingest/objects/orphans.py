@@ -34,13 +34,14 @@ least twice that (``MIN_GRACE_S``), so an object is never collected between bein
 being committed.
 
 ``manifest_integrity``: every topic that has a manifest goes through
-:func:`danube_ingest.objects.verify.verify_topic`. The check fails on every *problem* it reports
-(an object missing, of another size or CRC32C than recorded, a footer that disagrees, with
-``deep`` a frame that does not decode, overlapping or unreadable entries). Gaps between
-consecutive ranges are listed but do not fail it: a new owner continues from its offset
-reservation, so offsets between ranges may never have existed, and ranges a broker could not
-commit stay in its WAL (the uploader logs them as orphaned); the manifest alone cannot tell
-those apart from a lost range.
+:func:`danube_ingest.objects.verify.verify_topic`. The check fails on every *problem* it reports:
+of the objects (missing, of another size or CRC32C than recorded, a footer that disagrees, with
+``deep`` a frame that does not decode) and of the ranges (overlapping or unreadable entries, a
+gap no recorded offset jump covers). A new owner continues from its offset reservation and
+records the offsets it skips (``metadata.jumps``) before assigning any above them, so a gap a
+jump covers never existed as far as the manifest can know; any other gap is a range that was
+acknowledged and never committed (an orphaned range in some broker's WAL) or was removed.
+Gaps below the retained floor (retention) are not gaps.
 """
 
 from __future__ import annotations
@@ -241,9 +242,34 @@ class IntegrityReport:
         return [f"{t.topic}: {p}" for t in self.topics for p in t.problems]
 
     @property
+    def object_problems(self) -> list[str]:
+        """Problems of the objects (missing, size, CRC32C, footer, frames), with their topic."""
+        return [f"{t.topic}: {p}" for t in self.topics for p in t.object_problems]
+
+    @property
+    def range_problems(self) -> list[str]:
+        """Problems of the ranges (unreadable or overlapping entries, unexplained gaps)."""
+        return [f"{t.topic}: {p}" for t in self.topics for p in t.range_problems]
+
+    @property
+    def ranges(self) -> int:
+        """Manifest ranges, over all topics."""
+        return sum(t.ranges for t in self.topics)
+
+    @property
     def gaps(self) -> int:
-        """Gaps between consecutive ranges, over all topics (listed, not failures)."""
+        """Gaps (between ranges, or from the floor to the first range), over all topics."""
         return sum(len(t.gaps) for t in self.topics)
+
+    @property
+    def unexplained_gaps(self) -> int:
+        """The parts of gaps no recorded offset jump covers (each one a problem)."""
+        return sum(len(t.unexplained) for t in self.topics)
+
+    @property
+    def jumps(self) -> int:
+        """Recorded offset jumps, over all topics."""
+        return sum(t.jumps for t in self.topics)
 
     @property
     def ok(self) -> bool:
@@ -255,7 +281,8 @@ async def manifest_integrity(
 ) -> IntegrityReport:
     """Verify every topic that has manifest entries against its objects; changes nothing.
 
-    Fails (``ok`` is False) on the problems listed in the module docstring, never on gaps.
+    Fails (``ok`` is False) on the problems listed in the module docstring, among them a gap
+    no recorded offset jump covers.
     """
     manifest = Manifest(kv, keys)
     reports = [
@@ -264,10 +291,12 @@ async def manifest_integrity(
     ]
     result = IntegrityReport(reports)
     log.info(
-        "manifest integrity topics=%d ranges=%d gaps=%d problems=%d",
+        "manifest integrity topics=%d ranges=%d gaps=%d unexplained=%d jumps=%d problems=%d",
         len(reports),
-        sum(t.ranges for t in reports),
+        result.ranges,
         result.gaps,
+        result.unexplained_gaps,
+        result.jumps,
         len(result.problems),
     )
     return result

@@ -3,9 +3,13 @@
 For every manifest range of the topics asked about: the object exists, has the recorded size
 and CRC32C, its footer lists the topic at the recorded byte range with offsets inside the range,
 and (``deep``) every frame of the topic decodes, with the recorded number of entries. Ranges
-that overlap make the manifest unreadable (``ManifestConflictError``) and are reported as such;
-gaps between ranges are listed (offsets that never existed, or ranges a broker could not commit)
-but are not problems. Nothing is changed.
+that overlap make the manifest unreadable (``ManifestConflictError``) and are reported as such.
+
+Gaps: offsets missing between consecutive ranges, or between the topic's start (its retained
+floor, else 0) and its first range, are listed. A gap is a problem unless recorded offset jumps
+(``metadata.jumps``: a new owner continued from its reservation) cover it; the problem names
+the offsets no jump covers (a range that was acknowledged and never committed, or removed).
+Offsets below the retained floor (retention removed them) are not gaps. Nothing is changed.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass, field
 from crc32c import crc32c
 
 from danube_ingest.errors import DanubeIngestError
+from danube_ingest.metadata.jumps import OffsetJump, read_jumps, uncovered
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
 from danube_ingest.objects.binfmt import decode_frame_bytes, parse_object
 from danube_ingest.objects.store import ObjectStore
@@ -29,8 +34,23 @@ class TopicReport:
     first_offset: int | None = None
     end_offset: int | None = None
     gaps: list[tuple[int, int]] = field(default_factory=list)
-    """[start, end) offset intervals between consecutive ranges."""
-    problems: list[str] = field(default_factory=list)
+    """[start, end) offset intervals between consecutive ranges (and from the floor, else 0,
+    to the first range), above the retained floor."""
+    unexplained: list[tuple[int, int]] = field(default_factory=list)
+    """The parts of ``gaps`` no recorded jump covers (each one is also a problem)."""
+    jumps: int = 0
+    """Recorded offset jumps of the topic."""
+    floor: int | None = None
+    """The retained floor (None: retention never removed a range)."""
+    range_problems: list[str] = field(default_factory=list)
+    """The manifest itself: unreadable (overlapping or malformed entries), unexplained gaps."""
+    object_problems: list[str] = field(default_factory=list)
+    """Ranges whose object is missing, of another size or CRC32C, or disagrees with them."""
+
+    @property
+    def problems(self) -> list[str]:
+        """Every problem (ranges first); empty when the topic verifies."""
+        return [*self.range_problems, *self.object_problems]
 
 
 async def verify_topic(
@@ -40,26 +60,42 @@ async def verify_topic(
     report = TopicReport(topic)
     try:
         ranges = await manifest.ranges(topic)
+        floor = await manifest.floor(topic)
+        jumps = await read_jumps(manifest.kv, manifest.keys, topic)
     except DanubeIngestError as exc:
-        report.problems.append(f"manifest unreadable: {exc}")
+        report.range_problems.append(f"manifest unreadable: {exc}")
         return report
-    previous: ObjectRange | None = None
+    report.floor = None if floor is None else floor.offset
+    report.jumps = len(jumps)
+    position = report.floor or 0
     for rng in ranges:
         report.ranges += 1
         report.entries += rng.entries
         report.bytes += rng.byte_length
-        if previous is None:
+        if report.first_offset is None:
             report.first_offset = rng.start_offset
-        elif rng.start_offset > previous.end_offset:
-            report.gaps.append((previous.end_offset, rng.start_offset))
+        if rng.start_offset > position:
+            _gap(report, position, rng.start_offset, jumps)
         report.end_offset = rng.end_offset
-        previous = rng
+        position = max(position, rng.end_offset)
         problem = await _check_range(objects, rng, deep)
         if problem is not None:
-            report.problems.append(
+            report.object_problems.append(
                 f"range {rng.start_offset}..{rng.end_offset} in {rng.object_key}: {problem}"
             )
     return report
+
+
+def _gap(report: TopicReport, start: int, end: int, jumps: list[OffsetJump]) -> None:
+    """List the gap ``[start, end)``; what no jump covers is a problem."""
+    report.gaps.append((start, end))
+    for a, b in uncovered(start, end, jumps):
+        report.unexplained.append((a, b))
+        report.range_problems.append(
+            f"offsets {a}..{b - 1} are in no range (gap {start}..{end - 1} before the range "
+            f"at {end}) and no recorded offset jump covers them: a range was lost or never "
+            "committed (look for 'segment ranges orphaned' in the brokers' logs)"
+        )
 
 
 async def _check_range(objects: ObjectStore, rng: ObjectRange, deep: bool) -> str | None:

@@ -31,6 +31,7 @@ from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
 from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.jumps import read_jumps
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import MemoryKV
 from danube_ingest.metadata.ownership import Ownership
@@ -222,8 +223,11 @@ async def test_lookup_redirects_and_a_crashed_owner_is_taken_over(
     assert {m.msg_id.producer_id for m in after} == {before[0].msg_id.producer_id}
     offsets_b = [m.msg_id.topic_offset for m in after]
     assert offsets_b == sorted(set(offsets_b))
-    # B continues after A's reserved block: no offset A may have assigned is reused.
+    # B continues after A's reserved block: no offset A may have assigned is reused, and B
+    # recorded the jump (local_only: B knows of no offset, not even A's in its own WAL).
     assert offsets_b[0] >= reserved_a > max(offsets_a)
+    jumps = [(j.start, j.end, j.broker, j.epoch) for j in await read_jumps(kv, keys, TOPIC)]
+    assert jumps == [(0, reserved_a, "broker-b", 2)]
     for message in after:
         await consumer.ack(message)
     await _wait_cursor(kv, keys, "s1", offsets_b[-1] + 1)
@@ -397,9 +401,17 @@ async def test_paused_owner_is_fenced_and_its_clients_move_over(
     assert await _owner(kv, keys) == owner_b
     # A's fenced cursor write did not land (nothing to redeliver on B in local_only mode).
     assert await _cursor(kv, keys, "s1") == offsets_a[2]
-    # Since the takeover, A wrote nothing to etcd but its own new registration.
+    # Since the takeover, A wrote nothing to etcd but its own new registration (B recorded
+    # the offsets it jumped over when it loaded the topic: below A's reservation).
     written = await kv.get_prefix(keys.prefix + "/")
-    assert {e.key for e in written if e.mod_revision > taken_over} <= {keys.broker("broker-a")}
+    jump = keys.storage_jump(TOPIC, 0)
+    assert {e.key for e in written if e.mod_revision > taken_over} <= {
+        keys.broker("broker-a"),
+        jump,
+    }
+    assert [(j.start, j.end, j.broker) for j in await read_jumps(kv, keys, TOPIC)] == [
+        (0, reserved_a, "broker-b")
+    ]
     assert "topic ownership lost topic=" + TOPIC in a.log_text()
 
     # The same client objects move over to B: the producer after its retries (its new

@@ -19,8 +19,11 @@ from pathlib import Path
 import pytest
 
 from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.jumps import OffsetJump, read_jumps
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
+from danube_ingest.objects.orphans import manifest_integrity
+from danube_ingest.objects.store import ObjectStore
 from danube_ingest.testing import BrokerProcess
 
 from .support import stop_all
@@ -124,6 +127,19 @@ def _assert_one_line(ranges: list[ObjectRange]) -> None:
     assert len({(r.broker, r.epoch) for r in ranges}) == len(epochs) == len(set(epochs.values()))
 
 
+async def _assert_integrity(kv: EtcdKV, keys: Keys, objects_root: Path) -> list[OffsetJump]:
+    """The manifest integrity check passes (every object intact, every gap covered by a
+    recorded jump); returns the topic's jumps."""
+    store = ObjectStore("fs", options={"root": str(objects_root)})
+    try:
+        report = await manifest_integrity(kv, keys, store, deep=True)
+    finally:
+        await store.close()
+    assert report.ok, report.problems
+    assert [t.topic for t in report.topics] == [TOPIC]
+    return await read_jumps(kv, keys, TOPIC)
+
+
 @pytest.mark.slow
 async def test_takeover_continues_a_subscription_from_the_old_owners_objects(
     start_broker: StartBroker, kv: EtcdKV, keys: Keys, objects_root: Path
@@ -195,6 +211,15 @@ async def test_takeover_continues_a_subscription_from_the_old_owners_objects(
     for entry in ranges_a:
         assert entry.object_key.startswith("segments/broker-a/"), entry
         assert (objects_root / entry.object_key).is_file(), entry
+    # B recorded the offsets it jumped over, from the manifest's end: the check passes.
+    [jump] = await _assert_integrity(kv, keys, objects_root)
+    assert (jump.start, jump.end, jump.broker, jump.epoch) == (
+        ranges_a[-1].end_offset,
+        reserved_a,
+        "broker-b",
+        2,
+    )
+    assert jump.end <= ranges_b[0].start_offset
     await producer.close()
     await consumer.close()
     assert _error_lines(a) == [] and _error_lines(b) == []
@@ -203,7 +228,7 @@ async def test_takeover_continues_a_subscription_from_the_old_owners_objects(
 
 @pytest.mark.slow
 async def test_paused_owner_is_fenced_from_the_manifest(
-    start_broker: StartBroker, kv: EtcdKV, keys: Keys
+    start_broker: StartBroker, kv: EtcdKV, keys: Keys, objects_root: Path
 ) -> None:
     # A seals every 5 s: time enough to publish and be paused before a seal; B every second.
     a = await start_broker("broker-a", segment_seconds=5)
@@ -268,6 +293,14 @@ async def test_paused_owner_is_fenced_from_the_manifest(
     assert ranges == committed_a + ranges_b, ranges
     assert {r.epoch for r in ranges_b} == {owner_b["epoch"]}
     assert ranges_b[0].start_offset >= reserved_a > committed_a[-1].end_offset
+    # B's recorded jump starts at the manifest's end when it took over: it covers A's
+    # orphaned offsets (acknowledged, in A's WAL only) as "maybe assigned by an earlier owner".
+    [jump] = await _assert_integrity(kv, keys, objects_root)
+    assert (jump.start, jump.end, jump.broker) == (
+        committed_a[-1].end_offset,
+        reserved_a,
+        "broker-b",
+    )
     await producer.close()
     await producer_a.close()
     assert _error_lines(b) == []

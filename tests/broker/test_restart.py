@@ -31,6 +31,7 @@ from danube_ingest.broker.server import Broker
 from danube_ingest.datadir import DataDirLock
 from danube_ingest.metadata.errors import MetadataUnavailableError
 from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.jumps import read_jumps
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.records import decode_cursor
 from danube_ingest.testing import BrokerProcess, broker_config, free_port
@@ -146,6 +147,7 @@ async def test_sigkill_restart_keeps_connected_clients(
         # the topic's last offset reservation, so it continues right after its WAL.
         assert offsets_after[0] == max(offsets_before) + 1
         assert offsets_after == list(range(offsets_after[0], offsets_after[0] + 10))
+        assert await read_jumps(kv, keys, TOPIC) == []  # no jump, so none recorded
         for message in after:
             await consumer.ack(message)
         await _wait_cursor(kv, keys, offsets_after[-1] + 1)

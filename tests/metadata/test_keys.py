@@ -26,6 +26,9 @@ def test_every_key_of_the_layout() -> None:
     assert k.storage_object(t, 42) == (
         "/danube/storage/topics/default/orders/objects/00000000000000000042"
     )
+    assert k.storage_jump(t, 42) == (
+        "/danube/storage/topics/default/orders/jumps/00000000000000000042"
+    )
     assert k.tables_prefix(t) == "/danube/tables/default/orders/"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from crc32c import crc32c
 
 from danube_ingest.cli import main
 from danube_ingest.metadata import BrokerSession, EtcdKV, Keys, Ownership
+from danube_ingest.metadata.jumps import record_jump
 from danube_ingest.metadata.manifest import Manifest, ObjectRange, retire_ops, retired_objects
 from danube_ingest.objects.binfmt import BinWriter
 from danube_ingest.objects.orphans import collect_orphans, manifest_integrity
@@ -188,7 +190,9 @@ def _fields(rng: ObjectRange) -> dict[str, object]:
     return {f: getattr(rng, f) for f in rng.__slots__}
 
 
-async def test_integrity_passes_with_gaps_and_fails_on_damaged_objects(topic: Topic) -> None:
+async def test_integrity_passes_with_recorded_jumps_and_fails_on_damaged_objects(
+    topic: Topic,
+) -> None:
     store = topic.objects
     names = ("intact", "missing", "truncated", "flipped")
     for i, name in enumerate(names):
@@ -197,7 +201,14 @@ async def test_integrity_passes_with_gaps_and_fails_on_damaged_objects(topic: To
             await topic.put(f"topics/default/rolled/{name}.bin", i * 110, i * 110 + 100)
         )
     report = await manifest_integrity(topic.kv, topic.keys, store, deep=True)
-    assert report.ok and report.gaps == 3 and [t.topic for t in report.topics] == [T]
+    assert not report.ok and report.gaps == report.unexplained_gaps == 3
+    assert report.object_problems == [] and len(report.range_problems) == 3
+    assert "offsets 100..109" in report.range_problems[0]
+    for i in range(1, len(names)):
+        await record_jump(topic.ownership, T, i * 110 - 10, i * 110)
+    report = await manifest_integrity(topic.kv, topic.keys, store, deep=True)
+    assert report.ok and report.gaps == 3 and report.unexplained_gaps == 0
+    assert report.jumps == 3 and [t.topic for t in report.topics] == [T]
 
     await store.delete("topics/default/rolled/missing.bin")
     data = await store.get("topics/default/rolled/truncated.bin")
@@ -207,8 +218,8 @@ async def test_integrity_passes_with_gaps_and_fails_on_damaged_objects(topic: To
     await store.put("topics/default/rolled/flipped.bin", bytes(flipped))
 
     report = await manifest_integrity(topic.kv, topic.keys, store)
-    assert not report.ok
-    missing, truncated, crc = report.problems
+    assert not report.ok and report.range_problems == []
+    missing, truncated, crc = report.object_problems
     assert "missing.bin" in missing and "not found" in missing
     assert "truncated.bin" in truncated and "bytes, the manifest says" in truncated
     assert "flipped.bin" in crc and "CRC32C" in crc
@@ -233,3 +244,32 @@ def test_cli_gc_deletes_old_orphans(
     out = capsys.readouterr().out
     assert "deleted 1 (3 bytes); 1 younger than 3600 s" in out
     assert not orphan.exists() and young.exists()
+
+
+def test_cli_verify_exits_1_on_a_gap_no_recorded_jump_covers(
+    etcd_server: str, keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def setup(jump: bool) -> None:
+        kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+        store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+        topic = await Topic(kv, keys, store).start()
+        if jump:
+            await record_jump(topic.ownership, T, 100, 300)
+        else:
+            await topic.commit(await topic.put("segments/b/r0/00000000000000000001.bin", 0, 100))
+            await topic.commit(await topic.put("segments/b/r0/00000000000000000002.bin", 300, 400))
+        await topic.close()
+        await store.close()
+        await kv.close()
+
+    asyncio.run(setup(jump=False))
+    args = ["objects", "verify", "--data-dir", str(tmp_path), "--etcd", etcd_server]
+    args += ["--prefix", keys.prefix, "--topic", T]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "PROBLEMS" in out and "offsets 100..299" in out and "no recorded offset jump" in out
+    asyncio.run(setup(jump=True))
+    assert main(args) == 0
+    assert (
+        "no offsets 100..299 (skipped by a new owner: a recorded jump)" in capsys.readouterr().out
+    )

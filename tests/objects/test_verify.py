@@ -4,22 +4,59 @@ from __future__ import annotations
 
 import dataclasses
 
+from danube_ingest.metadata.jumps import record_jump
 from danube_ingest.metadata.kv import Put
+from danube_ingest.metadata.manifest import TopicFloor
 from danube_ingest.objects.verify import verify_topic
 
 from .test_reader import Setup, T
 
 
-async def test_an_intact_topic_verifies_and_gaps_are_listed() -> None:
+async def test_an_intact_topic_verifies_and_a_gap_is_a_problem_unless_a_jump_covers_it() -> None:
     setup = Setup()
     await setup.start()
     await setup.add_object("a", 0, 300)
     await setup.add_object("b", 400, 500)
+    await setup.add_object("c", 600, 700)
     report = await verify_topic(setup.manifest, setup.objects, T, deep=True)
-    assert report.problems == []
-    assert (report.ranges, report.entries) == (2, 400)
-    assert (report.first_offset, report.end_offset) == (0, 500)
-    assert report.gaps == [(300, 400)]
+    assert (report.ranges, report.entries) == (3, 500)
+    assert (report.first_offset, report.end_offset) == (0, 700)
+    assert report.gaps == [(300, 400), (500, 600)]
+    assert report.unexplained == [(300, 400), (500, 600)] and report.object_problems == []
+    assert len(report.problems) == 2 and "offsets 300..399" in report.problems[0]
+    assert "no recorded offset jump covers them" in report.problems[0]
+
+    # A new owner's recorded jump covers the first gap whole, the second only in part.
+    await record_jump(setup.ownership, T, 300, 400)
+    await record_jump(setup.ownership, T, 500, 550)
+    report = await verify_topic(setup.manifest, setup.objects, T, deep=True)
+    assert report.gaps == [(300, 400), (500, 600)] and report.jumps == 2
+    assert report.unexplained == [(550, 600)]
+    [problem] = report.problems
+    assert "offsets 550..599" in problem and "gap 500..599" in problem
+
+    await record_jump(setup.ownership, T, 550, 600)
+    report = await verify_topic(setup.manifest, setup.objects, T, deep=True)
+    assert report.problems == [] and report.jumps == 3
+    await setup.close()
+
+
+async def test_the_first_range_must_start_at_the_floor_or_a_covered_jump() -> None:
+    setup = Setup()
+    await setup.start()
+    await setup.add_object("late", 200, 300)
+    report = await verify_topic(setup.manifest, setup.objects, T)
+    assert report.unexplained == [(0, 200)] and "offsets 0..199" in report.problems[0]
+    # Retention removed the ranges below 200: nothing below the floor is a gap.
+    floor = TopicFloor(200, 1, "max_age")
+    await setup.kv.txn([], [Put(setup.keys.topic_floor(T), floor.encode())])
+    report = await verify_topic(setup.manifest, setup.objects, T)
+    assert (report.floor, report.gaps, report.problems) == (200, [], [])
+    # A floor in the middle of a gap: only what lies above it is one.
+    floor = TopicFloor(150, 1, "max_age")
+    await setup.kv.txn([], [Put(setup.keys.topic_floor(T), floor.encode())])
+    report = await verify_topic(setup.manifest, setup.objects, T)
+    assert report.gaps == report.unexplained == [(150, 200)]
     await setup.close()
 
 
