@@ -108,6 +108,8 @@ class TopicRuntime:
     closed: bool = False
     schema_config: TopicSchemaConfig | None = None
     schema_checked: float = float("-inf")
+    creating: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while a subscription is created, so concurrent subscribes create it once."""
 
     @property
     def reliable(self) -> bool:
@@ -507,6 +509,16 @@ class TopicManager:
         sub = runtime.subscriptions.get(record.name)
         if sub is not None:
             return sub
+        async with runtime.creating:
+            # (Another subscribe may have created it while this one waited.)
+            sub = runtime.subscriptions.get(record.name)
+            if sub is not None:
+                return sub
+            return await self._create_subscription(runtime, record, position)
+
+    async def _create_subscription(
+        self, runtime: TopicRuntime, record: SubscriptionRecord, position: StartPosition
+    ) -> Subscription:
         sub_type = _TYPES_BY_NAME[record.sub_type]
         if runtime.fanout is not None:
             nr = runtime.fanout.subscription(record.name, sub_type)
