@@ -116,7 +116,9 @@ def test_corrupt_blocks_are_refused() -> None:
 
 async def append(store: TopicStore, batch: list[Entry], pid: int, seq: int) -> tuple[range, bool]:
     block, sizes = checked(batch)
-    return await store.append_block(TOPIC, check_block(block, sizes, len(batch), LIMITS), pid, seq)
+    staged = store.append_block(TOPIC, check_block(block, sizes, len(batch), LIMITS), pid, seq)
+    await staged.future
+    return staged.offsets, staged.duplicate
 
 
 async def test_blocks_interleave_with_entries_and_survive_a_restart(
