@@ -25,7 +25,7 @@ TOPIC = "/default/batch-restart"
 LEASE_TTL = 4
 
 
-def batch(pid: int, seq: int, n: int = 50) -> Any:
+def batch_request(pid: int, seq: int, n: int = 50) -> Any:
     block, sizes = encode_block([Entry(b"%d-%d" % (seq, i)) for i in range(n)])
     return ipb.PublishRequest(
         topic=TOPIC,
@@ -60,7 +60,7 @@ async def test_acked_batches_survive_sigkill_and_resends_are_stored_once(
     await asyncio.to_thread(broker.start)
     pid = new_producer_id()
     try:
-        first = await publish(broker.url, [batch(pid, seq) for seq in range(10)])
+        first = await publish(broker.url, [batch_request(pid, seq) for seq in range(10)])
         assert [(a.code, a.base_offset, a.count) for a in first] == [
             (0, 50 * seq, 50) for seq in range(10)
         ]
@@ -74,23 +74,57 @@ async def test_acked_batches_survive_sigkill_and_resends_are_stored_once(
 
         # The same batches again (a producer retrying after a timeout): stored once, answered
         # with their first offsets; the next sequence continues after them.
-        again = await publish(broker.url, [batch(pid, seq) for seq in (8, 9, 10)])
+        again = await publish(broker.url, [batch_request(pid, seq) for seq in (8, 9, 10)])
         assert [(a.code, a.base_offset, a.duplicate) for a in again[:2]] == [
             (0, 400, True),
             (0, 450, True),
         ]
         assert (again[2].code, again[2].duplicate) == (0, False)
         assert again[2].base_offset == 500 + 300
-        gap = (await publish(broker.url, [batch(other, 3)]))[0]
+        gap = (await publish(broker.url, [batch_request(other, 3)]))[0]
         assert gap.code == 0  # a producer the topic never saw may start anywhere
 
         async with Consumer(broker.url, TOPIC, "check", start="earliest") as consumer:
             seen: list[Entry] = []
             while len(seen) < 500 + 300 + 50 + 50:
-                seen.extend((await consumer.receive(timeout=30)).entries)
+                delivered = await consumer.receive(timeout=30)
+                seen.extend(delivered.entries)
+                consumer.ack(delivered)
         assert [e.offset for e in seen] == list(range(len(seen)))
         assert [e.payload for e in seen[500:800]] == [b"p%d" % i for i in range(300)]
         assert sent == list(range(500, 800))
         assert seen[400].producer_id == pid and seen[400].request_id == 8
+    finally:
+        broker.kill()
+
+
+async def test_a_producer_sending_through_a_crash_stores_every_message_once(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str
+) -> None:
+    """The client resends unanswered batches with their sequences after the daemon comes back:
+    every send resolves, and the topic holds each message exactly once, in send order."""
+    broker = BrokerProcess(tmp_path / "b1", etcd_server, prefix=etcd_prefix, lease_ttl=LEASE_TTL)
+    await asyncio.to_thread(broker.start)
+    try:
+        async with Producer(
+            broker.url, TOPIC, max_batch_messages=200, linger_ms=1, max_in_flight=4
+        ) as producer:
+            futures = []
+            for i in range(3000):
+                futures.append(await producer.send(b"%d" % i))
+                if i == 1500:
+                    broker.kill()  # (some batches answered, some written and not answered)
+                    await asyncio.to_thread(broker.start)
+            offsets = await asyncio.wait_for(asyncio.gather(*futures), 60)
+        assert offsets == sorted(offsets) and len(set(offsets)) == 3000
+        async with Consumer(broker.url, TOPIC, "check", start="earliest") as consumer:
+            seen: list[Entry] = []
+            while len(seen) < offsets[-1] + 1:
+                batch = await consumer.receive(timeout=30)
+                seen.extend(batch.entries)
+                consumer.ack(batch)
+        payloads = [e.payload for e in seen]
+        assert payloads == [b"%d" % i for i in range(3000)]
+        assert [seen[o].payload for o in offsets] == payloads
     finally:
         broker.kill()
