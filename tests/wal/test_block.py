@@ -3,7 +3,10 @@ and idempotent producers' sequences rebuilt by recovery."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import struct
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -186,3 +189,26 @@ async def test_a_refused_sequence_uses_no_offset(tmp_path: Path, open_store: Ope
     with pytest.raises(SequenceGapError):
         await append(store, entries(1), PID, 5)
     assert store.next_offset(TOPIC) == before
+
+
+async def test_a_block_is_acknowledged_only_after_its_fdatasync(
+    tmp_path: Path, open_store: OpenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await open_store(tmp_path)
+    await store.append(TOPIC, Entry(b"warm-up"))  # (the segment exists and is synced)
+    gate = threading.Event()
+    real = os.fdatasync
+
+    def held(fd: int) -> None:
+        if threading.current_thread().name.startswith("wal-writer"):
+            assert gate.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", held)
+    block, sizes = checked(entries(3))
+    staged = store.append_block(TOPIC, check_block(block, sizes, 3, LIMITS), PID, 0)
+    await asyncio.sleep(0.3)
+    assert not staged.future.done()  # written, maybe; not synced: not acknowledged
+    gate.set()
+    await asyncio.wait_for(staged.future, 10)
+    assert staged.offsets == range(1, 4)
