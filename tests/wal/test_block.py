@@ -212,3 +212,24 @@ async def test_a_block_is_acknowledged_only_after_its_fdatasync(
     gate.set()
     await asyncio.wait_for(staged.future, 10)
     assert staged.offsets == range(1, 4)
+
+
+def test_equal_size_entries_take_the_strided_path_with_the_same_checks_and_stamps() -> None:
+    same = [Entry(b"%03d" % i, producer_name="p", publish_ms=i) for i in range(50)]
+    block, sizes = checked(same)
+    got = check_block(block, sizes, 50, LIMITS)
+    got.stamp(1234, PID, 9)
+    decoded = got.entries(10)
+    assert [(e.payload, e.ingest_ms, e.producer_id, e.request_id) for e in decoded] == [
+        (b"%03d" % i, 1234, PID, 9) for i in range(50)
+    ]
+    assert [e.publish_ms for e in decoded] == list(range(50))
+    broken = bytearray(block)
+    size = len(block) // 50
+    struct.pack_into("<I", broken, 7 * size + 51, 4)  # entry 7's payload length, one too many
+    with pytest.raises(InvalidEntryError, match="entry 7 of the batch: size"):
+        check_block(broken, sizes, 50, LIMITS)
+    broken = bytearray(block)
+    broken[3 * size + 44] = 0x10
+    with pytest.raises(InvalidEntryError, match="entry 3 of the batch: unknown flags"):
+        check_block(broken, sizes, 50, LIMITS)
