@@ -251,3 +251,26 @@ async def test_danube_client_subscription_types_see_batches(broker: Broker) -> N
         got = await sub.take(10)
         assert sorted(m.msg_id.topic_offset for m in got) == list(range(10))
         await sub.ack_all(got)
+
+
+@pytest.mark.parametrize(
+    ("topic", "subscription", "name", "needle"),
+    [
+        ("no-namespace", "s", "c", "topic"),
+        ("/default/batch-bad-sub", "a/b", "c", "subscription"),
+        ("/default/batch-bad-sub", "s", "n" * 256, "consumer name"),
+        ("/default/batch-missing", "s", "c", "does not exist"),
+    ],
+)
+async def test_bad_subscribes_are_refused_and_create_nothing(
+    broker: Broker, topic: str, subscription: str, name: str, needle: str
+) -> None:
+    async with Producer(broker.url, "/default/batch-bad-sub") as producer:
+        await (await producer.send(b"x"))
+    consumer = Consumer(broker.url, topic, subscription, consumer_name=name)
+    with pytest.raises(ConsumeError, match=needle) as refused:
+        await consumer.start()
+    await consumer.close()
+    expected = grpc.StatusCode.NOT_FOUND if "missing" in topic else grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.code == expected
+    assert "/default/batch-missing" not in broker.manager._topics
