@@ -21,6 +21,9 @@ never the message text.
           ├── OffsetOutOfRangeError    a reader asked for an offset that is no longer retained
           ├── PayloadTooLargeError     an entry larger than the configured maximum
           ├── InvalidEntryError        an entry (or topic name) with a field the WAL cannot frame
+          ├── SequenceError            an idempotent producer's batch sequence does not fit
+          │    ├── SequenceGapError     a sequence beyond the next expected one
+          │    └── DuplicateSequenceError  an old sequence whose offsets are no longer known
           ├── ObjectFormatError        bytes that are not a valid .bin object (names key + position)
           ├── RotationError            a topic's rotation stopped (names topic, offsets, object)
           └── ObjectStoreError         the object store failed; ``retriable`` says whether to retry
@@ -134,6 +137,27 @@ class InvalidEntryError(StorageError, ValueError):
     """An entry (or a topic name) with a field the WAL frame cannot hold (a routing key or an
     attribute key over 65,535 UTF-8 bytes, an integer out of its field's range...). Raised
     before the entry gets an offset: nothing was stored and no offset was used."""
+
+
+class SequenceError(StorageError):
+    """An idempotent producer's batch sequence does not follow the topic's record of it.
+
+    ``expected`` is the next sequence the log would accept from that producer.
+    """
+
+    def __init__(self, message: str, *, expected: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+
+
+class SequenceGapError(SequenceError):
+    """A sequence beyond the next expected one: batches in between were never stored (the
+    producer must resend them first, or start again with a new producer id)."""
+
+
+class DuplicateSequenceError(SequenceError):
+    """A sequence older than the batches the log remembers: it was stored before, but its
+    offsets are no longer known. Nothing was stored again."""
 
 
 class ObjectFormatError(StorageError):

@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 from danube.proto import SchemaRegistry_pb2_grpc as schema_grpc
 
+from danube_ingest.broker.batch import add_ingest_service
 from danube_ingest.broker.errors import ListenError
 from danube_ingest.broker.services import add_services
 from danube_ingest.broker.topics import TopicManager
@@ -260,6 +261,7 @@ class Broker:
         if self.clock_keeper is not None:
             self.clock_keeper.start()
         add_services(gate, self.manager)
+        add_ingest_service(gate, self.manager)
         schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), gate)
         gate.open()
         log.info(

@@ -30,8 +30,10 @@ from danube_ingest.broker.validation import subscription_type
 from danube_ingest.dispatch import SubscriptionBusyError
 from danube_ingest.errors import (
     DanubeIngestError,
+    DuplicateSequenceError,
     InvalidEntryError,
     PayloadTooLargeError,
+    SequenceGapError,
     WalBackpressureError,
     WalClosedError,
     WalFailedError,
@@ -81,6 +83,10 @@ _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (WalBackpressureError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (LimitExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (WalFailedError, grpc.StatusCode.INTERNAL),
+    # Idempotent producers (batch path): a gap must be filled first; an old sequence was
+    # stored before.
+    (SequenceGapError, grpc.StatusCode.FAILED_PRECONDITION),
+    (DuplicateSequenceError, grpc.StatusCode.ALREADY_EXISTS),
 )
 
 

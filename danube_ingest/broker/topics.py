@@ -49,6 +49,7 @@ from danube_ingest.config import LimitsConfig
 from danube_ingest.dispatch import (
     ConsumerClosedError,
     ConsumerHandle,
+    Delivery,
     DispatchPolicy,
     NonReliableTopic,
     ReliableSubscription,
@@ -75,7 +76,9 @@ from danube_ingest.schema.errors import SchemaNotFoundError
 from danube_ingest.schema.model import TopicSchemaConfig, ValidationPolicy
 from danube_ingest.schema.registry import SchemaRegistry
 from danube_ingest.store import TopicStore
+from danube_ingest.wal.block import EntryBlock
 from danube_ingest.wal.framing import Entry
+from danube_ingest.wal.log import StagedBlock
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +119,8 @@ class TopicRuntime:
     closed: bool = False
     schema_config: TopicSchemaConfig | None = None
     schema_checked: float = float("-inf")
+    creating: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while a subscription is created, so concurrent subscribes create it once."""
 
     @property
     def reliable(self) -> bool:
@@ -182,6 +187,11 @@ class TopicManager:
         ownership.on_unload(self._on_unload_requested)
 
     # -- topics ----------------------------------------------------------------------------
+
+    @property
+    def limits(self) -> LimitsConfig:
+        """The limits every publish path applies."""
+        return self._limits
 
     async def lookup(self, topic: str) -> tuple[bool, str]:
         """(this broker serves it, URL of the broker that does). Raises TopicNotFoundError."""
@@ -503,6 +513,43 @@ class TopicManager:
             return
         await self._append(topic, entry)
 
+    async def publish_block(
+        self, topic: str, block: EntryBlock, producer_id: int = 0, sequence: int = 0
+    ) -> StagedBlock:
+        """Store (reliable) or fan out (non-reliable) a checked entry block of ``topic``.
+
+        Returns once the block is staged: blocks are ordered as the calls return, and
+        ``.future`` completes once the block is durable (see ``RegionLog.stage_block`` for
+        idempotent producers' sequences). A missing topic is created reliable. Payloads are
+        validated one by one against the topic's schema when it has one, as on the
+        danube-client path. A non-reliable topic hands the entries to its subscriptions now.
+        """
+        parse_topic(topic)
+        runtime = self._topics.get(topic)
+        if runtime is None:
+            runtime = await self._load(topic, create_reliable=True)
+        config = await self._schema_config(runtime)
+        entries: list[Entry] | None = None
+        if config is not None:
+            entries = block.entries(0)
+            for entry in entries:
+                await self._schemas.validate_message(
+                    config, entry.payload, entry.schema_id, entry.schema_version or None
+                )
+        if runtime.fanout is not None:
+            first = -1
+            for entry in entries if entries is not None else block.entries(0):
+                offset = runtime.fanout.publish(entry)
+                first = offset if first < 0 else first
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return StagedBlock(done, range(first, first + block.count), False)
+        end = self._store.next_offset(topic) + block.count
+        if not self._reservations.covered(topic, end):
+            await self._reservations.ensure(topic, end)
+        # No await between the reservation check above and staging (see _append).
+        return self._store.append_block(topic, block, producer_id, sequence)
+
     async def _schema_config(self, runtime: TopicRuntime) -> TopicSchemaConfig | None:
         """The topic's schema configuration, re-read at most every SCHEMA_CONFIG_TTL seconds
         (so a change made through any broker applies within that time)."""
@@ -649,6 +696,16 @@ class TopicManager:
         sub = runtime.subscriptions.get(record.name)
         if sub is not None:
             return sub
+        async with runtime.creating:
+            # (Another subscribe may have created it while this one waited.)
+            sub = runtime.subscriptions.get(record.name)
+            if sub is not None:
+                return sub
+            return await self._create_subscription(runtime, record, position)
+
+    async def _create_subscription(
+        self, runtime: TopicRuntime, record: SubscriptionRecord, position: StartPosition
+    ) -> Subscription:
         sub_type = _TYPES_BY_NAME[record.sub_type]
         if runtime.fanout is not None:
             nr = runtime.fanout.subscription(record.name, sub_type)
@@ -820,7 +877,18 @@ class TopicManager:
         return sub.attach(record.client_id, record.name, list(record.key_filters))
 
     async def receive(self, consumer_id: int) -> AsyncIterator[Any]:
-        """The stream of StreamMessages for a consumer; a new stream takes over an old one.
+        """The stream of StreamMessages for a consumer (see ``deliveries``)."""
+        record = await self._consumer(consumer_id)
+        subscription = record.subscription or ""
+        async for batch in self.deliveries(consumer_id, 1):
+            for delivery in batch:
+                yield message_from_entry(
+                    delivery.entry, record.topic, subscription, self.broker_url
+                )
+
+    async def deliveries(self, consumer_id: int, max_batch: int) -> AsyncIterator[list[Delivery]]:
+        """A consumer's deliveries, at most ``max_batch`` at a time, in dispatch order; a new
+        stream takes over an old one.
 
         The stream ends when the consumer is taken over or detached, or the broker shuts down.
         While the topic is not served here (its ownership was lost, e.g. etcd is away) it stays
@@ -836,11 +904,10 @@ class TopicManager:
             self._handles[consumer_id] = handle
         self._streaming.add(consumer_id)
         topic = record.topic
-        subscription = record.subscription or ""
         try:
             while True:
                 try:
-                    delivery = await handle.next()
+                    batch = await handle.next_batch(max_batch)
                 except ConsumerClosedError:
                     if (
                         self._ending
@@ -858,7 +925,7 @@ class TopicManager:
                 except OffsetOutOfRangeError as exc:
                     log.error("subscription reader out of range: %s", exc)
                     return
-                yield message_from_entry(delivery.entry, topic, subscription, self.broker_url)
+                yield batch
         finally:
             if self._handles.get(consumer_id) is handle:
                 self._streaming.discard(consumer_id)
@@ -870,6 +937,21 @@ class TopicManager:
         if runtime is None:
             return None
         return runtime.subscriptions.get(subscription)
+
+    def ack_range(self, consumer_id: int, first: int, last: int) -> int:
+        """Acknowledge the offsets in ``[first, last]`` the consumer holds (a cumulative ack is
+        one from 0); returns how many were acknowledged. Unknown consumers ack nothing."""
+        record = self._consumers.get(consumer_id)
+        handle = self._handles.get(consumer_id)
+        if record is None or handle is None or record.subscription is None:
+            return 0
+        sub = self._subscription_of(record.topic, record.subscription)
+        if sub is None:
+            return 0
+        held = handle.held(first, last)
+        for offset in held:
+            sub.ack(offset)
+        return len(held)
 
     def ack(self, topic: str, subscription: str, offset: int) -> None:
         """Acknowledge a delivered offset; unknown acks are ignored."""

@@ -100,6 +100,21 @@ class ConsumerHandle:
             finally:
                 self._waiter = None
 
+    async def next_batch(self, limit: int) -> list[Delivery]:
+        """Wait for this consumer's next delivery, then take up to ``limit`` of those queued
+        (in dispatch order). Raises as :meth:`next` does."""
+        first = await self.next()
+        batch = [first]
+        queue = self._queue
+        while queue and len(batch) < limit:
+            batch.append(queue.popitem(last=False)[1])
+        return batch
+
+    def held(self, first: int, last: int) -> list[int]:
+        """Reliable subscriptions: the offsets in ``[first, last]`` this consumer holds
+        unacknowledged, ascending."""
+        return sorted(o for o in self._window if first <= o <= last)
+
     def close(self) -> None:
         """Detach this consumer if it is still attached (a no-op after a takeover)."""
         self._owner._detach_handle(self)

@@ -22,6 +22,7 @@ from bisect import bisect_right
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
+from danube_ingest.wal.block import BlockEntries
 from danube_ingest.wal.framing import Entry, decode_messages
 from danube_ingest.wal.meta import TopicMeta
 
@@ -128,7 +129,8 @@ class WALCache:
             cache = self._topics[topic] = _TopicCache()
         else:
             self._topics.move_to_end(topic)
-        first = entries[0].offset
+        # (A block's first offset without decoding it.)
+        first = entries.base_offset if isinstance(entries, BlockEntries) else entries[0].offset
         if cache.next_offset != first:
             self.nbytes -= cache.nbytes
             cache.clear()

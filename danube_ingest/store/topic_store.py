@@ -44,8 +44,16 @@ from danube_ingest.errors import (
     WalCorruptionError,
 )
 from danube_ingest.store.cache import WALCache
+from danube_ingest.wal.block import EntryBlock
 from danube_ingest.wal.framing import Entry, Kind, batch_header, decode_frame, decode_messages
-from danube_ingest.wal.log import DEFAULT_LINGER_US, FsyncMode, Group, RegionLog, Sealed
+from danube_ingest.wal.log import (
+    DEFAULT_LINGER_US,
+    FsyncMode,
+    Group,
+    RegionLog,
+    Sealed,
+    StagedBlock,
+)
 from danube_ingest.wal.meta import TopicMeta, fsync_dir, write_atomic
 from danube_ingest.wal.space import DiskFree, disk_free
 
@@ -441,6 +449,21 @@ class TopicStore:
             self._admit(size)
         await self._region(topic).stage_batch(topic, entries)
         return range(entries[0].offset, entries[-1].offset + 1)
+
+    def append_block(
+        self, topic: str, block: EntryBlock, producer_id: int = 0, sequence: int = 0
+    ) -> StagedBlock:
+        """Append a checked entry block as one frame (see ``RegionLog.stage_block``).
+
+        The block is staged before this returns (ordered by call, like ``append``); awaiting
+        ``.future`` waits until it is durable. ``.offsets`` are its offsets, those of its first
+        storage when ``.duplicate`` (an idempotent producer's retry: nothing stored again).
+        """
+        if self._full:
+            self._refuse()
+        if self._min_free:
+            self._admit(len(block.data) + ENTRY_OVERHEAD)
+        return self._region(topic).stage_block(topic, block, producer_id, sequence)
 
     async def advance_time(self, topic: str) -> TimeMark:
         """Durably mark that ``topic`` will get no entry with an ingest time before now.

@@ -38,31 +38,36 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import Context
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
 from danube_ingest.errors import (
+    DuplicateSequenceError,
     InvalidEntryError,
     PayloadTooLargeError,
+    SequenceGapError,
     WalClosedError,
     WalFailedError,
 )
+from danube_ingest.wal.block import BlockEntries, EntryBlock
 from danube_ingest.wal.framing import (
     MAX_ENTRY_BODY,
     Entry,
+    Kind,
     check_topic_name,
     checkpoint_frame,
     drop_frame,
     entry_size,
+    frame_pieces,
     messages_frame,
     time_frame,
     topic_frame,
 )
-from danube_ingest.wal.meta import Snapshot, TopicMeta, fsync_dir, write_snapshot
+from danube_ingest.wal.meta import ProducerBatch, Snapshot, TopicMeta, fsync_dir, write_snapshot
 from danube_ingest.wal.recovery import RegionState, recover_region
 from danube_ingest.wal.segment import segment_path
 from danube_ingest.wal.space import DiskFree, disk_free
@@ -104,10 +109,22 @@ _WRITEV_MAX_PIECES = 64
 #: A group of one topic's entries written in one MESSAGES frame: (topic, entries, encoded
 #: bytes of the frame, the parts of its body). A TIME marker appears as
 #: (topic, [], next offset after the marker, None).
-Group = tuple[TopicMeta, list[Entry], int, Sequence[bytes] | None]
+Group = tuple[TopicMeta, Sequence[Entry], int, Sequence[bytes] | None]
 
 #: Called with the groups of a commit once they are durable, in offset order.
 DurableCallback = Callable[[list[Group]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class StagedBlock:
+    """What ``stage_block`` did with a block: its offsets, and whether it was a retry."""
+
+    future: Awaitable[None]
+    """Completes once the block's frame is durable."""
+    offsets: range
+    """The block's offsets (those of its first storage, for a duplicate)."""
+    duplicate: bool
+    """True when the producer's sequence was stored before: nothing was staged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -502,6 +519,51 @@ class RegionLog:
         self._pending_bytes += total
         return batch
 
+    def stage_block(
+        self, name: str, block: EntryBlock, producer_id: int = 0, sequence: int = 0
+    ) -> StagedBlock:
+        """Stage a checked entry block as one MESSAGES frame of its own.
+
+        The block's entries get consecutive offsets and one ingest time, and are stamped with
+        ``producer_id`` and ``sequence`` (as each entry's producer and request id). With a
+        ``producer_id`` (idempotent), ``sequence`` must follow the topic's record of that
+        producer: the next one (or any, for a producer the topic does not know) is staged; one
+        already stored is not staged again and is answered with its first offsets (its future
+        completes when that storage is durable); a gap raises ``SequenceGapError``, a sequence
+        older than the remembered window ``DuplicateSequenceError``. Nothing is staged when an
+        error is raised.
+        """
+        self._check_open()
+        topic = self.ensure_topic(name)
+        if producer_id:
+            known = topic.producers.get(producer_id)
+            if known:
+                duplicate = _known_sequence(name, producer_id, sequence, known, self._loop)
+                if duplicate is not None:
+                    return duplicate
+        if self._pending_future is not None:
+            self._handoff_now()  # entries staged before this block are framed before it
+        batch = _Batch(self._loop)
+        now = max(int(time.time() * 1000), topic.last_ingest_ms)
+        topic.last_ingest_ms = now
+        offset = topic.next_offset
+        offsets = range(offset, offset + block.count)
+        block.stamp(now, producer_id, sequence)
+        topic.next_offset = offsets.stop
+        chunk = _Chunk(batch)
+        try:
+            self._frame_block(chunk, topic, BlockEntries(block, offset), now)
+        except Exception as exc:
+            log.exception("wal framing failed region=%s", self.region)
+            self._failed(exc, [chunk])
+            return StagedBlock(batch, offsets, False)
+        if producer_id:
+            topic.note_producer_batch(
+                producer_id, ProducerBatch(sequence, offset, block.count, batch)
+            )
+        self._backend.submit(chunk)
+        return StagedBlock(batch, offsets, False)
+
     def stage_time_marker(
         self, name: str, *, min_next_offset: int = 0, min_ingest_ms: int = 0
     ) -> _Batch:
@@ -623,7 +685,47 @@ class RegionLog:
         chunk.end = position
         self._position = position
 
-    def _rotate(self, chunk: _Chunk, unframed: dict[TopicMeta, list[Entry]] | None = None) -> None:
+    def _frame_block(
+        self, chunk: _Chunk, topic: TopicMeta, entries: BlockEntries, ingest_ms: int
+    ) -> None:
+        """Frame one staged block into ``chunk``: a MESSAGES frame whose body is the batch
+        header and the block as it is (no entry is re-encoded)."""
+        if self._position >= self._segment_bytes or self._rotate_requested:
+            self._rotate(chunk, {topic: entries})
+        pieces = chunk.pieces
+        position = self._position
+        if topic.topic_id not in self._registered:
+            frame = topic_frame(topic.topic_id, topic.name)
+            pieces.append(frame)
+            position += len(frame)
+            self._registered.add(topic.topic_id)
+        block = entries.block
+        header = block.header(topic.topic_id, entries.base_offset, ingest_ms)
+        # (The block's bytearray is never changed once stamped: it is written as it is.)
+        framed = frame_pieces(Kind.MESSAGES, (header, cast(bytes, block.data)))
+        topic.note_frame(
+            self._seq,
+            position,
+            entries.base_offset,
+            block.count,
+            ingest_ms,
+            ingest_ms,
+            self._index_interval,
+        )
+        size = 0
+        for piece in framed:
+            size += len(piece)
+        position += size
+        pieces.extend(framed)
+        chunk.groups.append((topic, entries, size, framed[1:]))
+        self._segment_has_data = True
+        chunk.seq = self._seq
+        chunk.end = position
+        self._position = position
+
+    def _rotate(
+        self, chunk: _Chunk, unframed: Mapping[TopicMeta, Sequence[Entry]] | None = None
+    ) -> None:
         """Seal the active segment (if any) and start the next one with ``chunk``."""
         now = time.monotonic()
         if (
@@ -644,7 +746,7 @@ class RegionLog:
         self._rotate_requested = False
 
     def _snapshot(
-        self, next_seq: int, unframed: dict[TopicMeta, list[Entry]] | None = None
+        self, next_seq: int, unframed: Mapping[TopicMeta, Sequence[Entry]] | None = None
     ) -> Snapshot:
         topics = []
         for topic in self._topics.values():
@@ -653,7 +755,8 @@ class RegionLog:
             # (Not the last span's end: an offset jump after it must survive a restart.)
             staged = unframed.get(topic) if unframed else None
             if staged:
-                data["next_offset"] = staged[0].offset
+                first = staged.base_offset if isinstance(staged, BlockEntries) else staged[0].offset
+                data["next_offset"] = first
             topics.append(data)
         return Snapshot(
             region=self.region,
@@ -702,7 +805,9 @@ class RegionLog:
             sizes[chunk.seq] = chunk.end
             groups = chunk.groups
             for topic, entries, size, _body in groups:
-                if entries:
+                if isinstance(entries, BlockEntries):
+                    topic.hwm = entries.end_offset  # (without decoding the block)
+                elif entries:
                     topic.hwm = entries[-1].offset + 1
                 elif size > topic.hwm:
                     topic.hwm = size  # a TIME marker: the group carries the topic's next offset
@@ -834,6 +939,40 @@ class RegionLog:
         if self.region_dir is not None and self._error is None:
             snapshot = self._snapshot(self._seq + 1)
             await self._write_snapshot(snapshot)
+
+
+def _known_sequence(
+    topic: str,
+    producer_id: int,
+    sequence: int,
+    known: list[ProducerBatch],
+    loop: asyncio.AbstractEventLoop,
+) -> StagedBlock | None:
+    """None when ``sequence`` is the producer's next; the first storage of a sequence it
+    already stored; raises for a gap or a sequence older than the remembered batches."""
+    last = known[-1].sequence
+    if sequence == last + 1:
+        return None
+    if sequence > last:
+        raise SequenceGapError(
+            f"producer {producer_id:#x} on topic {topic}: batch sequence {sequence} after "
+            f"{last}; resend sequence {last + 1} and the ones after it in order",
+            expected=last + 1,
+        )
+    for stored in known:
+        if stored.sequence == sequence:
+            future = stored.future
+            if future is None or future.done():
+                future = loop.create_future()
+                future.set_result(None)
+            offsets = range(stored.base_offset, stored.base_offset + stored.count)
+            return StagedBlock(future, offsets, True)
+    raise DuplicateSequenceError(
+        f"producer {producer_id:#x} on topic {topic}: batch sequence {sequence} was stored "
+        f"before (the topic remembers sequences {known[0].sequence}..{last}, its offsets are "
+        f"no longer known); it is not stored again",
+        expected=last + 1,
+    )
 
 
 def _split(entries: list[Entry], target: int) -> list[list[Entry]]:

@@ -55,6 +55,24 @@ class SegSpan:
         return cls(seq, first, last, first_ms, last_ms, [(int(o), int(p)) for o, p in index])
 
 
+#: Batches remembered per idempotent producer and topic: a retry of any of them is answered with
+#: its original offsets. A producer keeps at most this many batches in flight.
+PRODUCER_WINDOW = 32
+#: Idempotent producers remembered per topic; the least recently used is forgotten beyond it.
+MAX_PRODUCERS = 10_000
+
+
+@dataclass(slots=True)
+class ProducerBatch:
+    """One stored batch of an idempotent producer: its sequence and offsets."""
+
+    sequence: int
+    base_offset: int
+    count: int
+    future: Any = None
+    """The log's durability future while the batch is not yet durable (never persisted)."""
+
+
 class TopicMeta:
     """State of one topic within a region.
 
@@ -69,6 +87,7 @@ class TopicMeta:
         "last_ingest_ms",
         "name",
         "next_offset",
+        "producers",
         "prune_mark",
         "spans",
         "topic_id",
@@ -86,6 +105,23 @@ class TopicMeta:
         self.spans: list[SegSpan] = []
         self.last_index_pos = -1
         self.waiters: list[Any] = []
+        #: Idempotent producer id -> its last stored batches (oldest first), least recently
+        #: used producer first.
+        self.producers: dict[int, list[ProducerBatch]] = {}
+
+    def note_producer_batch(self, producer_id: int, batch: ProducerBatch) -> None:
+        """Remember ``batch`` as ``producer_id``'s newest (bounded: see PRODUCER_WINDOW and
+        MAX_PRODUCERS)."""
+        producers = self.producers
+        batches = producers.pop(producer_id, None)
+        if batches is None:
+            batches = []
+            if len(producers) >= MAX_PRODUCERS:
+                del producers[next(iter(producers))]
+        batches.append(batch)
+        if len(batches) > PRODUCER_WINDOW:
+            del batches[0]
+        producers[producer_id] = batches
 
     def note_frame(
         self,
@@ -147,6 +183,10 @@ class TopicMeta:
             "last_ingest_ms": self.last_ingest_ms,
             "prune_mark": self.prune_mark,
             "spans": [span.to_json() for span in self.spans],
+            "producers": {
+                str(pid): [[b.sequence, b.base_offset, b.count] for b in batches]
+                for pid, batches in self.producers.items()
+            },
         }
 
     @classmethod
@@ -156,6 +196,10 @@ class TopicMeta:
         topic.last_ingest_ms = int(data["last_ingest_ms"])
         topic.prune_mark = data.get("prune_mark")
         topic.spans = [SegSpan.from_json(s) for s in data["spans"]]
+        topic.producers = {
+            int(pid): [ProducerBatch(int(q), int(b), int(c)) for q, b, c in batches]
+            for pid, batches in data.get("producers", {}).items()
+        }
         return topic
 
 

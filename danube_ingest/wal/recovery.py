@@ -21,6 +21,7 @@ import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from crc32c import crc32c
 
@@ -43,7 +44,7 @@ from danube_ingest.wal.framing import (
     decode_time,
     decode_topic,
 )
-from danube_ingest.wal.meta import TopicMeta, fsync_dir, read_snapshot
+from danube_ingest.wal.meta import ProducerBatch, TopicMeta, fsync_dir, read_snapshot
 from danube_ingest.wal.segment import (
     SegmentReader,
     SegmentWindow,
@@ -120,6 +121,23 @@ _CHECKPOINT = int(Kind.CHECKPOINT) | FORMAT_VERSION << 8
 _DROP = int(Kind.DROP) | FORMAT_VERSION << 8
 _VALID = frozenset(int(kind) | FORMAT_VERSION << 8 for kind in Kind)
 _NOT_CHECKPOINT = "segment does not start with a CHECKPOINT frame"
+
+# An idempotent producer's batch is a frame of its own whose entries carry the producer id
+# (bit 63 set) and the batch sequence: recovery reads them from the first entry.
+_FIRST_PRODUCER = struct.Struct("<QQ")
+_PRODUCER_AT = BATCH_HEADER_SIZE + 16  # the first entry's producer_id in a MESSAGES body
+_PRODUCER_BYTE = _PRODUCER_AT + 7  # its most significant byte
+_PRODUCER_END = _PRODUCER_AT + _FIRST_PRODUCER.size
+
+
+def _note_producer(topic: TopicMeta, data: Any, start: int, base: int, count: int) -> None:
+    """Rebuild an idempotent producer's record from one of its frames (once per batch)."""
+    producer_id, sequence = _FIRST_PRODUCER.unpack_from(data, start + _PRODUCER_AT)
+    known = topic.producers.get(producer_id)
+    if known and known[-1].base_offset >= base:
+        return  # the snapshot has it already
+    topic.note_producer_batch(producer_id, ProducerBatch(sequence, base, count))
+
 
 #: Bytes of a segment read at a time by a scan (a larger frame is read whole). Small enough for
 #: what was just read to still be in the CPU cache when its CRCs are computed (on this machine's
@@ -324,6 +342,8 @@ def _scan_segment(
                     (first_ms,) = _FIRST_MS.unpack_from(data, start + _FIRST_MS_OFFSET)
                     topic.note_frame(seq, at, base, count, first_ms, last_ms, interval)
                 topic.next_offset = topic.hwm = base + count
+                if data[start + _PRODUCER_BYTE] & 0x80 and length > _PRODUCER_END:
+                    _note_producer(topic, data, start, base, count)
                 if last_ms > topic.last_ingest_ms:
                     topic.last_ingest_ms = last_ms
             elif kv == _TOPIC:

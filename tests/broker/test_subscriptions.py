@@ -15,6 +15,8 @@ from danube import SubType
 from danube.proto import DanubeApi_pb2 as pb
 
 from danube_ingest.broker.server import Broker
+from danube_ingest.broker.start import EARLIEST
+from danube_ingest.dispatch import SubscriptionType
 
 from .conftest import BrokerFactory
 from .support import (
@@ -379,3 +381,21 @@ async def test_idle_consumer_stops_holding_an_exclusive_subscription(
                 assert loop.time() < deadline, "the idle consumer was never detached"
                 await asyncio.sleep(0.1)
         assert second.consumer_id != first.consumer_id
+
+
+async def test_concurrent_subscribes_create_a_subscription_once(broker: Broker) -> None:
+    """Two consumers subscribing at once to a new Shared subscription share one dispatcher
+    (each message goes to one of them), and its cursor is the one the winner chose."""
+    topic = "/default/concurrent-subscribe"
+    manager = broker.manager
+    await manager.create_producer(topic, "p", True)
+    ids = await asyncio.gather(
+        *(
+            manager.subscribe(topic, "s", name, SubscriptionType.SHARED, [], EARLIEST)
+            for name in ("a", "b", "c")
+        )
+    )
+    runtime = manager._topics[topic]
+    subscription = runtime.subscriptions["s"]
+    handles = [manager._handles[i] for i in ids]
+    assert {id(h._owner) for h in handles} == {id(subscription)}

@@ -16,6 +16,7 @@ from danube_ingest.errors import WalBackpressureError
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.objects.store import ObjectStore
 from danube_ingest.testing import MotoServer, free_port
+from danube_ingest.wal.block import IDEMPOTENT_BIT, BlockLimits, check_block, encode_block
 from danube_ingest.wal.framing import Entry
 
 from .support import (
@@ -66,6 +67,33 @@ async def test_reader_below_the_wal_floor_reads_objects_then_wal_then_live(
         got = await read_n(reader, 600 - start)
         assert [e.offset for e in got] == list(range(start, 600))
         reader.close()
+
+
+async def test_batch_path_blocks_are_uploaded_and_read_back_from_objects(
+    stack: ColdStack,
+) -> None:
+    """Entry blocks (the batch path's frames) go through the uploader and .bin objects like
+    any frame, and decode from there with their stamped producer id and sequence."""
+    await stack.acquire(T)
+    stack.uploader.start()
+    sent = payloads(T, 400)
+    pid = IDEMPOTENT_BIT | 99
+    limits = BlockLimits(max_payload_bytes=4096, max_attributes=4)
+    for seq in range(4):
+        block, sizes = encode_block([Entry(p) for p in sent[seq * 100 : seq * 100 + 100]])
+        checked = check_block(bytearray(block), sizes, 100, limits)
+        await stack.store.append_block(T, checked, pid, seq).future
+    await stack.seal_and_upload()
+    assert await prune_all(stack, T)
+    meta = stack.store.regions[0].topic(T)
+    assert meta is not None
+    stack.store.cache.drop(meta)  # (so the read below comes from objects)
+    reader = stack.store.create_reader(T, 0, max_batch=64)
+    got = await read_n(reader, 400)
+    reader.close()
+    assert [e.payload for e in got] == sent
+    assert [e.offset for e in got] == list(range(400))
+    assert {(e.producer_id, e.request_id) for e in got[100:200]} == {(pid, 1)}
 
 
 async def test_reader_in_memory_order_when_segments_are_pruned_under_it(

@@ -1,0 +1,277 @@
+"""The batch path, ``danube_ingest.v1.IngestService`` (proto/ingest.proto), on the broker's port.
+
+``Publish``: each request is one batch for one topic, an entry block (``wal/block.py``). The
+request is checked whole before anything is stored or an offset used: the CRC32C of the
+(decompressed) block, then :func:`~danube_ingest.wal.block.check_block` with the broker's
+``limits`` (the danube-client path's limits). Batches of a stream are staged in the order they
+arrive; each is answered once durable, or with an error code for that batch alone (the stream
+goes on). At most ``PUBLISH_IN_FLIGHT`` batches of a stream wait for durability at once; the
+stream is not read further meanwhile (gRPC flow control then holds the client back).
+
+``Consume``: a ``Subscribe`` first, then range acks; the daemon sends batches of deliveries
+(the subscription's dispatch: the same semantics as danube-client consumers) as entry blocks
+with each entry's offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import lz4.frame
+import numpy as np
+import zstandard
+from crc32c import crc32c
+
+from danube_ingest.broker.errors import InvalidRequestError
+from danube_ingest.broker.services import MAX_DETAILS, status_for
+from danube_ingest.broker.start import StartPosition
+from danube_ingest.broker.topics import TopicManager
+from danube_ingest.broker.validation import subscription_type
+from danube_ingest.config import LimitsConfig
+from danube_ingest.dispatch import SubscriptionType
+from danube_ingest.errors import DanubeIngestError
+from danube_ingest.proto import ingest_pb2 as pb
+from danube_ingest.proto import ingest_pb2_grpc as pb_grpc
+from danube_ingest.wal.block import IDEMPOTENT_BIT, BlockLimits, EntryBlock, check_block
+from danube_ingest.wal.block import encode_block as encode_entries
+
+log = logging.getLogger(__name__)
+
+#: Batches of one Publish stream waiting for durability at once.
+PUBLISH_IN_FLIGHT = 64
+#: Messages per delivered batch when the Subscribe does not say.
+DEFAULT_CONSUME_BATCH = 1000
+#: Largest decompressed block (bytes): what the broker accepts uncompressed in one request.
+MIN_BLOCK_BYTES = 64 * 1024 * 1024
+
+#: Exclusive and Failover acks are cumulative: every held offset up to ``last``.
+_CUMULATIVE = frozenset({SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER})
+
+
+def max_block_bytes(limits: LimitsConfig) -> int:
+    """The largest (decompressed) block the broker accepts: as large as a request may be."""
+    return max(4 * limits.max_payload_bytes, MIN_BLOCK_BYTES)
+
+
+def _decompress(request: Any, limit: int) -> bytearray:
+    data = request.entries
+    kind = request.compression
+    if kind == pb.COMPRESSION_NONE:
+        return bytearray(data)
+    try:
+        if kind == pb.COMPRESSION_ZSTD:
+            # (A frame that states its size is decompressed to it whatever max_output_size is.)
+            if zstandard.frame_content_size(data) > limit:
+                raise InvalidRequestError(
+                    f"entries decompress to more than {limit} bytes; send smaller batches"
+                )
+            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=limit + 1)
+            complete = True  # (a truncated frame raises)
+        elif kind == pb.COMPRESSION_LZ4:
+            ld = lz4.frame.LZ4FrameDecompressor()
+            out = ld.decompress(data, max_length=limit + 1)
+            complete = ld.eof
+        else:
+            raise InvalidRequestError(
+                f"unknown compression {kind}: use 0 (none), 1 (zstd) or 2 (lz4)"
+            )
+    except (zstandard.ZstdError, RuntimeError) as exc:
+        raise InvalidRequestError(f"entries do not decompress: {exc}") from None
+    if len(out) > limit:
+        raise InvalidRequestError(
+            f"entries decompress to more than {limit} bytes; send smaller batches"
+        )
+    if not complete:
+        raise InvalidRequestError("entries end inside their compressed frame (truncated)")
+    return bytearray(out)
+
+
+def block_from_request(request: Any, limits: LimitsConfig) -> EntryBlock:
+    """The checked block of a PublishRequest; raises ``InvalidRequestError`` or
+    ``InvalidEntryError`` (both INVALID_ARGUMENT) naming what is wrong. Nothing is stored."""
+    producer_id = request.producer_id
+    if producer_id and not producer_id & IDEMPOTENT_BIT:
+        raise InvalidRequestError(
+            f"producer_id {producer_id:#x} lacks bit 63: use 0 (not idempotent) or an id from "
+            f"danube_ingest.client.new_producer_id()"
+        )
+    data = _decompress(request, max_block_bytes(limits))
+    got = crc32c(data)
+    if got != request.crc32c:
+        raise InvalidRequestError(
+            f"entries CRC32C is {got:#010x}, the request says {request.crc32c:#010x}: the "
+            f"batch was damaged or built wrong; rebuild and resend it"
+        )
+    block_limits = BlockLimits(limits.max_payload_bytes, limits.max_attributes)
+    return check_block(data, request.sizes, request.count, block_limits)
+
+
+def _error(request_id: int, exc: BaseException) -> Any:
+    if not isinstance(exc, DanubeIngestError):
+        log.exception("internal error serving a batch", exc_info=exc)
+    details = str(exc)
+    if len(details) > MAX_DETAILS:
+        details = f"{details[: MAX_DETAILS - 20]}... ({len(details)} characters)"
+    return pb.PublishResponse(request_id=request_id, code=status_for(exc).value[0], error=details)
+
+
+class IngestService(pb_grpc.IngestServiceServicer):
+    def __init__(self, manager: TopicManager) -> None:
+        self._manager = manager
+
+    async def Publish(
+        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        answers: asyncio.Queue[Any] = asyncio.Queue()
+        room = asyncio.Semaphore(PUBLISH_IN_FLIGHT)
+        reader = asyncio.get_running_loop().create_task(
+            self._read_batches(request_iterator, answers, room)
+        )
+        try:
+            while True:
+                answer = await answers.get()
+                if answer is None:
+                    break
+                yield answer
+            await reader  # (raises what ended the request stream, if anything)
+        finally:
+            reader.cancel()
+
+    async def _read_batches(
+        self, requests: AsyncIterator[Any], answers: asyncio.Queue[Any], room: asyncio.Semaphore
+    ) -> None:
+        """Stage each batch in arrival order; answer each once it is durable or refused."""
+        waiting: set[asyncio.Task[None]] = set()
+        limits = self._manager.limits
+        try:
+            async for request in requests:
+                try:
+                    block = block_from_request(request, limits)
+                    staged = await self._manager.publish_block(
+                        request.topic, block, request.producer_id, request.sequence
+                    )
+                except Exception as exc:
+                    answers.put_nowait(_error(request.request_id, exc))
+                    continue
+                await room.acquire()
+                task = asyncio.ensure_future(
+                    _answer(request.request_id, staged.future, staged.offsets, staged.duplicate)
+                )
+                task.add_done_callback(lambda t: _deliver(t, answers, room, waiting))
+                waiting.add(task)
+            while waiting:
+                await asyncio.wait(set(waiting))
+        finally:
+            answers.put_nowait(None)
+
+    async def Consume(
+        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        try:
+            first = await anext(aiter(request_iterator))
+            if first.WhichOneof("request") != "subscribe":
+                raise InvalidRequestError("a Consume stream must start with a Subscribe")
+            sub = first.subscribe
+            sub_type = subscription_type(sub.type)
+            start = _start(sub.start, sub.start_value)
+            consumer_id = await self._manager.subscribe(
+                sub.topic,
+                sub.subscription,
+                sub.consumer_name,
+                sub_type,
+                list(sub.key_filters),
+                start,
+            )
+        except StopAsyncIteration:
+            return
+        except Exception as exc:
+            await _abort(context, exc)
+            raise
+        acks = asyncio.get_running_loop().create_task(
+            self._read_acks(request_iterator, consumer_id, sub_type in _CUMULATIVE)
+        )
+        max_batch = sub.max_batch or DEFAULT_CONSUME_BATCH
+        try:
+            yield pb.ConsumeResponse(topic=sub.topic, count=0, consumer_id=consumer_id)
+            async for batch in self._manager.deliveries(consumer_id, max_batch):
+                entries = [delivery.entry for delivery in batch]
+                block, sizes = encode_entries(entries)
+                offsets = np.fromiter((e.offset for e in entries), dtype="<u8", count=len(entries))
+                yield pb.ConsumeResponse(
+                    topic=sub.topic,
+                    entries=block,
+                    sizes=sizes,
+                    offsets=offsets.tobytes(),
+                    count=len(entries),
+                    consumer_id=consumer_id,
+                )
+        except Exception as exc:
+            await _abort(context, exc)
+            raise
+        finally:
+            acks.cancel()
+
+    async def _read_acks(
+        self, requests: AsyncIterator[Any], consumer_id: int, cumulative: bool
+    ) -> None:
+        async for request in requests:
+            if request.WhichOneof("request") != "ack":
+                continue
+            ack = request.ack
+            self._manager.ack_range(consumer_id, 0 if cumulative else ack.first, ack.last)
+
+
+def _start(kind: int, value: int) -> StartPosition:
+    if kind == pb.START_EARLIEST:
+        return StartPosition("earliest")
+    if kind == pb.START_OFFSET:
+        return StartPosition("offset", value)
+    if kind == pb.START_TIME:
+        return StartPosition("time", value)
+    if kind == pb.START_LATEST:
+        return StartPosition("latest")
+    raise InvalidRequestError(f"unknown start {kind}: expected 0 (latest) to 3 (time)")
+
+
+async def _answer(request_id: int, future: Any, offsets: range, duplicate: bool) -> Any:
+    try:
+        await future
+    except Exception as exc:
+        return _error(request_id, exc)
+    return pb.PublishResponse(
+        request_id=request_id,
+        base_offset=max(offsets.start, 0),
+        count=len(offsets),
+        duplicate=duplicate,
+    )
+
+
+def _deliver(
+    task: asyncio.Task[Any],
+    answers: asyncio.Queue[Any],
+    room: asyncio.Semaphore,
+    waiting: set[asyncio.Task[None]],
+) -> None:
+    waiting.discard(task)
+    room.release()
+    if not task.cancelled():
+        answers.put_nowait(task.result())
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    code = status_for(exc)
+    if code == grpc.StatusCode.INTERNAL and not isinstance(exc, DanubeIngestError):
+        log.exception("internal error serving a consumer", exc_info=exc)
+    details = str(exc)
+    if len(details) > MAX_DETAILS:
+        details = f"{details[: MAX_DETAILS - 20]}... ({len(details)} characters)"
+    await context.abort(code, details)
+
+
+def add_ingest_service(server: Any, manager: TopicManager) -> None:
+    """Register ``danube_ingest.v1.IngestService`` on ``server`` (see services.add_services)."""
+    pb_grpc.add_IngestServiceServicer_to_server(IngestService(manager), server)  # type: ignore[no-untyped-call]

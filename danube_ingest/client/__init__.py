@@ -1,0 +1,22 @@
+"""danube_ingest.client: an asyncio client for the batch path (``danube_ingest.v1``).
+
+``Producer`` publishes batches with idempotent retries; ``Consumer`` receives batches and acks
+ranges. See docs/design/batch_protocol.md for the wire format and guarantees.
+"""
+
+from danube_ingest.client._consumer import Batch, Consumer, SubType, decode_batch
+from danube_ingest.client._errors import ClientError, ConsumeError, PublishError
+from danube_ingest.client._producer import Compression, Producer, new_producer_id
+
+__all__ = [
+    "Batch",
+    "ClientError",
+    "Compression",
+    "ConsumeError",
+    "Consumer",
+    "Producer",
+    "PublishError",
+    "SubType",
+    "decode_batch",
+    "new_producer_id",
+]

@@ -1,0 +1,339 @@
+"""Producer: batches messages and publishes them on one ``IngestService.Publish`` stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import grpc
+import lz4.frame
+import zstandard
+from crc32c import crc32c
+
+from danube_ingest.client._errors import PublishError
+from danube_ingest.proto import ingest_pb2 as pb
+from danube_ingest.proto import ingest_pb2_grpc as pb_grpc
+from danube_ingest.wal.block import IDEMPOTENT_BIT, encode_block
+from danube_ingest.wal.framing import Entry
+
+log = logging.getLogger(__name__)
+
+Compression = Literal["none", "zstd", "lz4"]
+_COMPRESSION = {"none": pb.COMPRESSION_NONE, "zstd": pb.COMPRESSION_ZSTD, "lz4": pb.COMPRESSION_LZ4}
+#: Answers after which the producer resends a batch unchanged (same sequence): the daemon could
+#: not take it now, or the connection went away. RESOURCE_EXHAUSTED backs off (flow control).
+_RETRIABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.ABORTED,
+    }
+)
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def new_producer_id() -> int:
+    """A random idempotent producer id (bit 63 set, 62 random bits)."""
+    return IDEMPOTENT_BIT | int.from_bytes(os.urandom(8), "little") >> 2
+
+
+def target(url: str) -> str:
+    """``host:port`` of a broker URL such as ``http://127.0.0.1:6650``."""
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+@dataclass(eq=False)
+class _Batch:
+    index: int
+    entries: list[Entry]
+    futures: list[asyncio.Future[int]]
+    request: Any = None
+    sequence: int | None = None
+    attempts: int = 0
+    sent_at: float = 0.0
+    answered: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Producer:
+    """Publishes to one topic in batches; each message's offset once it is durable.
+
+    ``send`` queues a message and returns a future of its offset. Messages are cut into batches
+    of at most ``max_batch_messages`` / ``max_batch_bytes`` (payload bytes), or after
+    ``linger_ms`` since a batch's first message; at most ``max_in_flight`` batches wait for the
+    daemon's answer (``send`` waits while ``max_buffered`` messages are queued).
+
+    Guarantees: messages of one producer are stored in ``send`` order. A batch the daemon
+    could not take (RESOURCE_EXHAUSTED, with exponential backoff; UNAVAILABLE, a lost
+    connection) is resent with the same sequence number, so with ``idempotent=True`` (the
+    default) it is stored exactly once even if the first attempt was stored and only the
+    answer was lost, also across a daemon restart. A batch refused for good (bad input) fails
+    its messages' futures with :class:`PublishError`; later batches go on. ``flush`` waits for
+    everything sent so far; ``close`` flushes, then closes the channel.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        topic: str,
+        *,
+        producer_name: str = "",
+        idempotent: bool = True,
+        max_batch_messages: int = 1000,
+        max_batch_bytes: int = 1024 * 1024,
+        linger_ms: float = 5.0,
+        max_in_flight: int = 8,
+        max_buffered: int = 100_000,
+        compression: Compression = "none",
+        retry_backoff_ms: float = 50.0,
+        max_backoff_ms: float = 2000.0,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        self.topic = topic
+        self.producer_name = producer_name
+        self.producer_id = new_producer_id() if idempotent else 0
+        self._url = url
+        self._max_messages = max_batch_messages
+        self._max_bytes = max_batch_bytes
+        self._linger = linger_ms / 1000.0
+        self._max_in_flight = max_in_flight
+        self._compression = _COMPRESSION[compression]
+        self._backoff = retry_backoff_ms / 1000.0
+        self._max_backoff = max_backoff_ms / 1000.0
+        self._channel = channel
+        self._own_channel = channel is None
+        self._open: list[Entry] = []
+        self._open_futures: list[asyncio.Future[int]] = []
+        self._open_bytes = 0
+        self._linger_handle: asyncio.TimerHandle | None = None
+        self._ready: list[_Batch] = []  # sealed or to resend, lowest index first
+        self._in_flight: dict[int, _Batch] = {}
+        self._next_index = 0
+        self._next_sequence = 0
+        self._buffered = asyncio.Semaphore(max_buffered)
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closing = False
+        self._pause_until = 0.0
+        self._runner: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Open the channel and the publish stream (reconnected as needed)."""
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(target(self._url))
+        self._runner = asyncio.get_running_loop().create_task(self._run())
+
+    async def send(
+        self,
+        payload: bytes,
+        *,
+        routing_key: str | None = None,
+        attributes: dict[str, str] | None = None,
+        publish_ms: int | None = None,
+    ) -> asyncio.Future[int]:
+        """Queue one message; the future gives its offset once it is durable.
+
+        Waits only while ``max_buffered`` messages are queued and unanswered.
+        """
+        if self._closing:
+            raise RuntimeError(f"producer for {self.topic} is closed")
+        await self._buffered.acquire()
+        entry = Entry(
+            payload,
+            publish_ms=int(time.time() * 1000) if publish_ms is None else publish_ms,
+            producer_name=self.producer_name,
+            routing_key=routing_key,
+            attributes=attributes,
+        )
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._open.append(entry)
+        self._open_futures.append(future)
+        self._open_bytes += len(payload)
+        self._idle.clear()
+        if len(self._open) >= self._max_messages or self._open_bytes >= self._max_bytes:
+            self._seal()
+        elif self._linger_handle is None:
+            self._linger_handle = asyncio.get_running_loop().call_later(self._linger, self._seal)
+        return future
+
+    async def flush(self) -> None:
+        """Send what is queued now and wait until every message sent so far is answered."""
+        self._seal()
+        await self._idle.wait()
+
+    async def close(self) -> None:
+        """Flush, then stop the stream and close the channel."""
+        if self._runner is None:
+            return
+        await self.flush()
+        self._closing = True
+        self._wake.set()
+        runner, self._runner = self._runner, None
+        runner.cancel()
+        with _suppress_cancel():
+            await runner
+        if self._own_channel and self._channel is not None:
+            await self._channel.close()
+
+    # -- batching ----------------------------------------------------------------------------
+
+    def _seal(self) -> None:
+        if self._linger_handle is not None:
+            self._linger_handle.cancel()
+            self._linger_handle = None
+        if not self._open:
+            return
+        batch = _Batch(self._next_index, self._open, self._open_futures)
+        self._next_index += 1
+        self._open, self._open_futures, self._open_bytes = [], [], 0
+        block, sizes = encode_block(batch.entries)
+        data = block
+        if self._compression == pb.COMPRESSION_ZSTD:
+            data = zstandard.ZstdCompressor().compress(block)
+        elif self._compression == pb.COMPRESSION_LZ4:
+            data = lz4.frame.compress(block)
+        batch.request = pb.PublishRequest(
+            topic=self.topic,
+            producer_id=self.producer_id,
+            count=len(batch.entries),
+            entries=data,
+            sizes=sizes,
+            crc32c=crc32c(block),
+            compression=self._compression,
+            request_id=batch.index,
+        )
+        self._ready.append(batch)
+        self._wake.set()
+
+    def _requeue(self, batch: _Batch) -> None:
+        self._ready.append(batch)
+        self._ready.sort(key=lambda b: b.index)
+        self._wake.set()
+
+    # -- the stream ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        delay = self._backoff
+        while not self._closing:
+            assert self._channel is not None
+            call = pb_grpc.IngestServiceStub(self._channel).Publish()  # type: ignore[no-untyped-call]
+            reader = asyncio.get_running_loop().create_task(self._read(call))
+            try:
+                await self._write(call, reader)
+                delay = self._backoff
+            except (grpc.aio.AioRpcError, ConnectionError) as exc:
+                log.info("publish stream lost topic=%s error=%s", self.topic, exc)
+            finally:
+                reader.cancel()
+                with _suppress_cancel():
+                    await reader
+                call.cancel()
+            # Every unanswered batch is resent, in order, with its sequence number.
+            for batch in list(self._in_flight.values()):
+                self._requeue(batch)
+            self._in_flight.clear()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._max_backoff)
+
+    async def _write(self, call: Any, reader: asyncio.Task[None]) -> None:
+        while True:
+            if reader.done():
+                reader.result()  # the stream ended: raises its error
+                raise ConnectionError("publish stream ended")
+            pause = self._pause_until - time.monotonic()
+            ready = self._ready
+            # After a refusal, earlier batches are resent first: wait until all sent ones are
+            # answered, so that nothing overtakes them.
+            blocked = ready and ready[0].attempts > 0 and self._in_flight
+            if pause > 0 or not ready or blocked or len(self._in_flight) >= self._max_in_flight:
+                self._wake.clear()
+                waiter = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait(
+                    {waiter, reader},
+                    timeout=pause if pause > 0 else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                waiter.cancel()
+                continue
+            batch = ready.pop(0)
+            if self.producer_id:
+                if batch.sequence is None:
+                    batch.sequence = self._next_sequence
+                    self._next_sequence += 1
+                batch.request.sequence = batch.sequence
+            batch.attempts += 1
+            self._in_flight[batch.index] = batch
+            await call.write(batch.request)
+
+    async def _read(self, call: Any) -> None:
+        while True:
+            answer = await call.read()
+            if answer is grpc.aio.EOF:
+                return
+            batch = self._in_flight.pop(answer.request_id, None)
+            if batch is None:
+                continue
+            self._wake.set()
+            code = _CODES.get(answer.code, grpc.StatusCode.UNKNOWN)
+            if code == grpc.StatusCode.OK:
+                self._complete(batch, answer.base_offset)
+            elif code in _RETRIABLE or code == grpc.StatusCode.FAILED_PRECONDITION:
+                # (FAILED_PRECONDITION: a sequence gap behind a batch that is being resent.)
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    backoff = min(self._backoff * 2 ** min(batch.attempts, 10), self._max_backoff)
+                    self._pause_until = time.monotonic() + backoff
+                self._requeue(batch)
+            else:
+                # (ALREADY_EXISTS: stored before, beyond the daemon's memory of this producer;
+                # its sequence is used, the offsets are unknown.)
+                stored = code == grpc.StatusCode.ALREADY_EXISTS
+                self._fail(batch, PublishError(code, answer.error, self.topic), stored)
+
+    def _complete(self, batch: _Batch, base: int) -> None:
+        for i, future in enumerate(batch.futures):
+            if not future.done():
+                future.set_result(base + i)
+        self._release(batch)
+
+    def _fail(self, batch: _Batch, error: PublishError, stored: bool) -> None:
+        for future in batch.futures:
+            if not future.done():
+                future.set_exception(error)
+        if batch.sequence is not None and not stored:
+            # The sequence was never stored: later batches move down one, so the daemon sees
+            # no gap (those already sent come back as gaps and are resent renumbered).
+            for other in (*self._ready, *self._in_flight.values()):
+                if other.sequence is not None and other.sequence > batch.sequence:
+                    other.sequence -= 1
+            self._next_sequence -= 1
+        self._release(batch)
+
+    def _release(self, batch: _Batch) -> None:
+        for _ in batch.futures:
+            self._buffered.release()
+        if not self._ready and not self._in_flight and not self._open:
+            self._idle.set()
+
+
+def _suppress_cancel() -> contextlib.suppress:
+    """For awaiting a task just cancelled (its end, whatever it is, is not this caller's)."""
+    return contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, ConnectionError)

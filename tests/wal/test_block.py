@@ -1,0 +1,235 @@
+"""Entry blocks (wal/block.py): checked whole, appended as one frame, read by every reader,
+and idempotent producers' sequences rebuilt by recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from danube_ingest.errors import DuplicateSequenceError, InvalidEntryError, SequenceGapError
+from danube_ingest.store import TopicStore
+from danube_ingest.wal.block import (
+    IDEMPOTENT_BIT,
+    BlockLimits,
+    check_block,
+    encode_block,
+    entry_sizes,
+)
+from danube_ingest.wal.framing import Entry
+from danube_ingest.wal.meta import PRODUCER_WINDOW
+
+OpenStore = Callable[..., Awaitable[TopicStore]]
+LIMITS = BlockLimits(max_payload_bytes=1000, max_attributes=4)
+TOPIC = "/default/blocks"
+PID = IDEMPOTENT_BIT | 7
+
+
+def entries(n: int, start: int = 0) -> list[Entry]:
+    out = []
+    for i in range(start, start + n):
+        if i % 3 == 0:
+            out.append(Entry(f"m{i}".encode(), producer_name="p", publish_ms=i))
+        elif i % 3 == 1:
+            out.append(Entry(f"m{i}".encode(), routing_key=f"k{i}", producer_name="p"))
+        else:
+            out.append(Entry(f"m{i}".encode(), attributes={"a": "é", "b": str(i)}, schema_id=3))
+    return out
+
+
+def checked(batch: list[Entry]) -> tuple[bytearray, bytes]:
+    block, sizes = encode_block(batch)
+    return bytearray(block), sizes
+
+
+def test_a_valid_block_is_accepted_and_its_sizes_are_the_walked_ones() -> None:
+    block, sizes = checked(entries(10))
+    got = check_block(block, sizes, 10, LIMITS)
+    assert got.count == 10
+    assert entry_sizes(block, 10).astype("<u4").tobytes() == sizes
+    decoded = got.entries(100)
+    assert [e.payload for e in decoded] == [f"m{i}".encode() for i in range(10)]
+    assert decoded[0].offset == 100 and decoded[2].attributes == {"a": "é", "b": "2"}
+
+
+def with_entry(entry: Entry) -> tuple[bytearray, bytes]:
+    return checked([Entry(b"ok"), entry, Entry(b"ok")])
+
+
+@pytest.mark.parametrize(
+    ("make", "count", "needle"),
+    [
+        (lambda: with_entry(Entry(b"x" * 1001)), 3, "entry 1 of the batch: payload of 1001"),
+        (
+            lambda: with_entry(Entry(b"x", attributes={str(i): "" for i in range(5)})),
+            3,
+            "entry 1 of the batch: 5 attributes exceed limits.max_attributes",
+        ),
+        (lambda: with_entry(Entry(b"x", producer_name="n" * 256)), 3, "producer name is 256"),
+        (lambda: with_entry(Entry(b"x" * 990, routing_key="k" * 20)), 3, "which bounds all"),
+        (lambda: with_entry(Entry(b"x" * 990, attributes={"k": "v" * 20})), 3, "bounds all"),
+        (lambda: with_entry(Entry(b"x")), 2, "sizes holds 12 bytes"),
+    ],
+)
+def test_a_block_breaking_a_limit_is_refused_naming_the_entry(
+    make: Callable[[], tuple[bytearray, bytes]], count: int, needle: str
+) -> None:
+    block, sizes = make()
+    before = bytes(block)
+    with pytest.raises(InvalidEntryError, match=needle):
+        check_block(block, sizes, count, LIMITS)
+    assert bytes(block) == before
+
+
+def test_corrupt_blocks_are_refused() -> None:
+    block, sizes = checked(entries(3))
+    table = list(struct.unpack("<3I", sizes))
+    # A size table that does not tile the entries.
+    bad = struct.pack("<3I", table[0] + 1, table[1] - 1, table[2])
+    with pytest.raises(InvalidEntryError, match="does not match its header"):
+        check_block(block, bad, 3, LIMITS)
+    # A block cut short.
+    with pytest.raises(InvalidEntryError, match="add up to"):
+        check_block(block[:-1], sizes, 3, LIMITS)
+    # A payload length that runs past its entry.
+    broken = bytearray(block)
+    struct.pack_into("<I", broken, 51, 500)
+    with pytest.raises(InvalidEntryError, match="entry 0 of the batch: size"):
+        check_block(broken, sizes, 3, LIMITS)
+    # Unknown flags; a routing key without its flag; text that is not UTF-8.
+    for at, value, needle in ((44, 0x80, "unknown flags"), (44, 0, "routing-key flag")):
+        one, one_sizes = checked([Entry(b"x", routing_key="k")])
+        one[at] = value
+        with pytest.raises(InvalidEntryError, match=needle):
+            check_block(one, one_sizes, 1, LIMITS)
+    one, one_sizes = checked([Entry(b"x", producer_name="ab")])
+    one[55] = 0xFF
+    with pytest.raises(InvalidEntryError, match="producer name is not valid UTF-8"):
+        check_block(one, one_sizes, 1, LIMITS)
+    one, one_sizes = checked([Entry(b"x", attributes={"k": "v"})])
+    one[55 + 6] = 0xFF
+    with pytest.raises(InvalidEntryError, match="attribute key or value is not valid UTF-8"):
+        check_block(one, one_sizes, 1, LIMITS)
+
+
+async def append(store: TopicStore, batch: list[Entry], pid: int, seq: int) -> tuple[range, bool]:
+    block, sizes = checked(batch)
+    staged = store.append_block(TOPIC, check_block(block, sizes, len(batch), LIMITS), pid, seq)
+    await staged.future
+    return staged.offsets, staged.duplicate
+
+
+async def test_blocks_interleave_with_entries_and_survive_a_restart(
+    tmp_path: Path, open_store: OpenStore
+) -> None:
+    store = await open_store(tmp_path)
+    await store.append(TOPIC, Entry(b"before"))
+    first, dup = await append(store, entries(5), PID, 0)
+    assert (first, dup) == (range(1, 6), False)
+    await store.append(TOPIC, Entry(b"after"))
+    reader = store.create_reader(TOPIC, 0)
+    got = await reader.next_batch()
+    while len(got) < 7:
+        got += await reader.next_batch()
+    reader.close()
+    assert [e.offset for e in got] == list(range(7))
+    assert got[1].producer_id == PID and got[1].request_id == 0
+    assert got[1].ingest_ms == got[5].ingest_ms > 0
+    assert got[6].payload == b"after"
+    await store.close()
+
+    store = await open_store(tmp_path)
+    reader = store.create_reader(TOPIC, 0)
+    again = await reader.next_batch()
+    reader.close()
+    assert again == got
+    # The producer's record came back with the data: a retry is answered with the old range.
+    assert await append(store, entries(5), PID, 0) == (range(1, 6), True)
+    assert await append(store, entries(2), PID, 1) == (range(7, 9), False)
+
+
+async def test_sequences_duplicates_gaps_and_forgotten_ones(
+    tmp_path: Path, open_store: OpenStore
+) -> None:
+    store = await open_store(tmp_path, segment_bytes=4096)
+    for seq in range(PRODUCER_WINDOW + 2):
+        assert (await append(store, entries(2), PID, seq))[1] is False
+    assert await append(store, entries(2), PID, PRODUCER_WINDOW + 1) == (
+        range(2 * (PRODUCER_WINDOW + 1), 2 * (PRODUCER_WINDOW + 2)),
+        True,
+    )
+    with pytest.raises(SequenceGapError, match="resend sequence 34") as gap:
+        await append(store, entries(2), PID, PRODUCER_WINDOW + 3)
+    assert gap.value.expected == PRODUCER_WINDOW + 2
+    with pytest.raises(DuplicateSequenceError, match="was stored before"):
+        await append(store, entries(2), PID, 0)
+    end = store.next_offset(TOPIC)
+    # Another producer, and a non-idempotent one (id 0), are independent.
+    assert (await append(store, entries(1), PID + 1, 9))[0] == range(end, end + 1)
+    assert (await append(store, entries(1), 0, 0))[0] == range(end + 1, end + 2)
+    assert (await append(store, entries(1), 0, 0))[0] == range(end + 2, end + 3)
+    await store.close()
+    # Recovery (from snapshots taken at the seals, then the segments after them).
+    store = await open_store(tmp_path, segment_bytes=4096)
+    with pytest.raises(SequenceGapError):
+        await append(store, entries(2), PID, PRODUCER_WINDOW + 3)
+    assert (await append(store, entries(1), PID + 1, 9))[1] is True
+    assert (await append(store, entries(2), PID, PRODUCER_WINDOW + 2))[1] is False
+
+
+async def test_a_refused_sequence_uses_no_offset(tmp_path: Path, open_store: OpenStore) -> None:
+    store = await open_store(tmp_path)
+    await append(store, entries(1), PID, 0)
+    before = store.next_offset(TOPIC)
+    with pytest.raises(SequenceGapError):
+        await append(store, entries(1), PID, 5)
+    assert store.next_offset(TOPIC) == before
+
+
+async def test_a_block_is_acknowledged_only_after_its_fdatasync(
+    tmp_path: Path, open_store: OpenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await open_store(tmp_path)
+    await store.append(TOPIC, Entry(b"warm-up"))  # (the segment exists and is synced)
+    gate = threading.Event()
+    real = os.fdatasync
+
+    def held(fd: int) -> None:
+        if threading.current_thread().name.startswith("wal-writer"):
+            assert gate.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", held)
+    block, sizes = checked(entries(3))
+    staged = store.append_block(TOPIC, check_block(block, sizes, 3, LIMITS), PID, 0)
+    await asyncio.sleep(0.3)
+    assert not staged.future.done()  # written, maybe; not synced: not acknowledged
+    gate.set()
+    await asyncio.wait_for(staged.future, 10)
+    assert staged.offsets == range(1, 4)
+
+
+def test_equal_size_entries_take_the_strided_path_with_the_same_checks_and_stamps() -> None:
+    same = [Entry(b"%03d" % i, producer_name="p", publish_ms=i) for i in range(50)]
+    block, sizes = checked(same)
+    got = check_block(block, sizes, 50, LIMITS)
+    got.stamp(1234, PID, 9)
+    decoded = got.entries(10)
+    assert [(e.payload, e.ingest_ms, e.producer_id, e.request_id) for e in decoded] == [
+        (b"%03d" % i, 1234, PID, 9) for i in range(50)
+    ]
+    assert [e.publish_ms for e in decoded] == list(range(50))
+    broken = bytearray(block)
+    size = len(block) // 50
+    struct.pack_into("<I", broken, 7 * size + 51, 4)  # entry 7's payload length, one too many
+    with pytest.raises(InvalidEntryError, match="entry 7 of the batch: size"):
+        check_block(broken, sizes, 50, LIMITS)
+    broken = bytearray(block)
+    broken[3 * size + 44] = 0x10
+    with pytest.raises(InvalidEntryError, match="entry 3 of the batch: unknown flags"):
+        check_block(broken, sizes, 50, LIMITS)
