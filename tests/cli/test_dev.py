@@ -31,6 +31,7 @@ _LOCATIONS = """{ workspaceOrError { ... on Workspace { locationEntries {
 #: resources' configured values (the environment ``dev`` passed to the location).
 _REPOSITORY = """{ repositoriesOrError { ... on RepositoryConnection { nodes {
   sensors { name sensorState { status } }
+  schedules { name scheduleState { status } }
   assetNodes { assetKey { path } partitionDefinition { dimensionTypes { name type } }
     assetChecksOrError { ... on AssetChecks { checks { name } } } }
   allTopLevelResourceDetails { name configuredValues { key value } } } } } }"""
@@ -107,7 +108,20 @@ def test_ctrl_c_stops_broker_then_dagster_then_etcd(tmp_path: Path) -> None:
         assert {"name": "parquet_topics_sensor", "sensorState": {"status": "RUNNING"}} in (
             repository["sensors"]
         ), repository["sensors"]
+        # The object lifecycle (issue 13): rotation's sensor, the schedules of collection,
+        # integrity, retention and etcd compaction, all on by default.
+        assert {"name": "rotation_sensor", "sensorState": {"status": "RUNNING"}} in (
+            repository["sensors"]
+        ), repository["sensors"]
+        schedules = {s["name"]: s["scheduleState"]["status"] for s in repository["schedules"]}
+        for job in ("object_gc", "manifest_integrity", "object_retention", "etcd_compaction"):
+            assert schedules.get(f"{job}_schedule") == "RUNNING", schedules
         assets = {tuple(a["assetKey"]["path"]): a for a in repository["assetNodes"]}
+        manifest = assets[("object_manifest",)]
+        assert {c["name"] for c in manifest["assetChecksOrError"]["checks"]} == {
+            "objects_intact",
+            "ranges_contiguous",
+        }, manifest
         parquet = assets[("parquet_partitions",)]
         assert parquet["partitionDefinition"]["dimensionTypes"] == [
             {"name": "hour", "type": "TIME_WINDOW"},
