@@ -20,7 +20,7 @@ from danube_ingest.broker.errors import ListenError
 from danube_ingest.broker.server import Broker
 from danube_ingest.cli.admin import Figures, scrape
 from danube_ingest.metadata import EtcdKV, Keys
-from danube_ingest.testing import broker_config, free_port
+from danube_ingest.testing import LocalEtcd, broker_config, free_port, running_broker
 
 from .conftest import BrokerFactory
 from .support import Clients, eventually, producer_request, raw_stubs, rpc_error
@@ -223,3 +223,29 @@ async def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path, etcd_server:
         )
         with pytest.raises(ListenError, match=r"metrics\.listen"):
             await Broker(config).start()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+async def test_readyz_is_503_while_etcd_is_lost_then_ready_again(tmp_path: Path) -> None:
+    """etcd stopped for longer than the lease: /readyz says why the broker is not ready
+    (/healthz stays 200), and turns 200 again once the session is back."""
+    async with (
+        LocalEtcd() as etcd,
+        running_broker(broker_config(tmp_path / "b1", etcd.endpoint)) as broker,
+    ):
+        url = broker.metrics_url
+        assert await asyncio.to_thread(get, f"{url}/readyz") == (200, "ready\n")
+        await asyncio.to_thread(etcd.server.stop)
+        try:
+            async with asyncio.timeout(20):
+                while (ready := await asyncio.to_thread(get, f"{url}/readyz"))[0] == 200:
+                    await asyncio.sleep(0.2)
+            assert ready[0] == 503 and ready[1].startswith("not ready: etcd session lost"), ready
+            assert await asyncio.to_thread(get, f"{url}/healthz") == (200, "ok\n")
+        finally:
+            await asyncio.to_thread(etcd.server.start)
+            await asyncio.to_thread(etcd.server.wait_healthy)
+        async with asyncio.timeout(30):
+            while (ready := await asyncio.to_thread(get, f"{url}/readyz"))[0] != 200:
+                await asyncio.sleep(0.2)
