@@ -3,12 +3,14 @@
 Start-up order: lock the data directory (and the WAL directory) so no other process can use
 it (``danube_ingest.datadir``; a second broker on it fails at once naming the holder's pid),
 bind the port and answer every call ``UNAVAILABLE`` (clients retry at once instead of hanging
-on a port that accepts connections but serves nothing), recover the WAL, connect to etcd,
+on a port that accepts connections but serves nothing), serve the metrics port
+(``metrics.listen``: ``/metrics``, ``/healthz``, and ``/readyz``, which answers 503 until the
+broker serves and again from the start of its shutdown), recover the WAL, connect to etcd,
 register the broker under a lease (taking back at once the registration a crashed previous
 process on this data directory left), then serve. Shutdown (``stop``) is the reverse and loses
 nothing: streams end, in-flight publishes finish or fail within the grace period, cursors are
 flushed, topics are released so another broker can take them over at once, the WAL is synced
-and closed, the lease is revoked, the directories are unlocked.
+and closed, the lease is revoked, the directories are unlocked, the metrics port is closed.
 """
 
 from __future__ import annotations
