@@ -199,6 +199,8 @@ class BrokerChild:
             self.etcd_endpoint,
             "--broker-id",
             self.broker_id,
+            # A free port: two brokers of one run (and concurrent runs) must not share 9650.
+            *("--metrics-listen", "127.0.0.1:0"),
         ]
         with self.log_path.open("wb") as log_file:
             self.process = subprocess.Popen(

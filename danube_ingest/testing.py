@@ -172,6 +172,8 @@ def broker_config(
         "etcd.endpoints": etcd_endpoint,
         "etcd.prefix": prefix,
         "etcd.lease_ttl_seconds": 2,
+        # A free port, as for gRPC: brokers of concurrent tests must not share 9650.
+        "metrics.listen": "127.0.0.1:0",
         "storage.mode": "local_only",
         "storage.wal.segment_bytes": "1MiB",
         "storage.wal.segment_seconds": 2,
@@ -273,6 +275,7 @@ class BrokerProcess:
         }
         values = {
             "etcd": {"prefix": self.prefix, "lease_ttl_seconds": self.lease_ttl},
+            "metrics": {"listen": "127.0.0.1:0"},
             "storage": self._merged(storage, self.storage or {}),
         }
         config.write_text(yaml.safe_dump(values, sort_keys=False))

@@ -38,6 +38,8 @@ COMMAND_TIMEOUT = 120.0
 SERVER_TIMEOUT = 60.0
 #: The default ports the README's commands use.
 BROKER_PORT, ETCD_PORT, ETCD_PEER_PORT = 6650, 2379, 2380
+#: The broker's metrics port (metrics.listen), free before a broker starts too.
+METRICS_PORT = 9650
 KINDS = ("server", "while make dev runs", "after make dev stopped")
 #: A ``python`` block run as one script with the clone's ``.venv/bin/python`` while make dev
 #: runs (after the bash blocks before it).
@@ -82,7 +84,7 @@ def _free(port: int) -> bool:
 def _wait_for_default_ports(*ports: int) -> None:
     """Until ``ports`` (default: all the README's) are free."""
     deadline = time.monotonic() + SERVER_TIMEOUT
-    ports = ports or (BROKER_PORT, ETCD_PORT, ETCD_PEER_PORT)
+    ports = ports or (BROKER_PORT, ETCD_PORT, ETCD_PEER_PORT, METRICS_PORT)
     while not all(_free(port) for port in ports):
         busy = [port for port in ports if not _free(port)]
         assert time.monotonic() < deadline, (
@@ -244,7 +246,7 @@ def test_running_it_commands_finish(tmp_path: Path) -> None:
                 else:
                     assert words[1] == "etcd", f"no stand-in known for {command!r}"
                     port, grpc_ready = ETCD_PORT, False
-                _wait_for_default_ports(port)
+                _wait_for_default_ports(port, *([METRICS_PORT] if port == BROKER_PORT else []))
                 server = Server(f"exec {command}", clone, tmp_path / f"server{n}.log")
                 servers.append(server)
                 server.wait_serving(port, grpc_ready=grpc_ready)

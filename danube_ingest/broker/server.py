@@ -3,12 +3,14 @@
 Start-up order: lock the data directory (and the WAL directory) so no other process can use
 it (``danube_ingest.datadir``; a second broker on it fails at once naming the holder's pid),
 bind the port and answer every call ``UNAVAILABLE`` (clients retry at once instead of hanging
-on a port that accepts connections but serves nothing), recover the WAL, connect to etcd,
+on a port that accepts connections but serves nothing), serve the metrics port
+(``metrics.listen``: ``/metrics``, ``/healthz``, and ``/readyz``, which answers 503 until the
+broker serves and again from the start of its shutdown), recover the WAL, connect to etcd,
 register the broker under a lease (taking back at once the registration a crashed previous
 process on this data directory left), then serve. Shutdown (``stop``) is the reverse and loses
 nothing: streams end, in-flight publishes finish or fail within the grace period, cursors are
 flushed, topics are released so another broker can take them over at once, the WAL is synced
-and closed, the lease is revoked, the directories are unlocked.
+and closed, the lease is revoked, the directories are unlocked, the metrics port is closed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import grpc
 from danube.proto import SchemaRegistry_pb2_grpc as schema_grpc
+from prometheus_client import CollectorRegistry
 
 from danube_ingest.broker.batch import add_ingest_service
 from danube_ingest.broker.errors import ListenError
@@ -45,6 +48,10 @@ from danube_ingest.objects.reader import CloudReader
 from danube_ingest.objects.reclock import ClockKeeper
 from danube_ingest.objects.store import ObjectStore, RetryPolicy
 from danube_ingest.objects.uploader import SegmentUploader
+from danube_ingest.observability.collector import BrokerCollector
+from danube_ingest.observability.http import ObservabilityServer
+from danube_ingest.observability.metrics import REGISTRY
+from danube_ingest.observability.rpc import RpcMetrics
 from danube_ingest.schema.kvstore import KVSchemaStore
 from danube_ingest.schema.registry import SchemaRegistry
 from danube_ingest.schema.service import SchemaRegistryServicer
@@ -192,6 +199,10 @@ class Broker:
         self.clock_keeper: ClockKeeper | None = None
         self.port = 0
         self.url = ""
+        self._http: ObservabilityServer | None = None
+        self.metrics_url: str | None = None
+        """``http://host:port`` of ``/metrics``, ``/healthz`` and ``/readyz`` (None: off)."""
+        self._serving = False
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -216,6 +227,7 @@ class Broker:
         server = self._bind(gate)
         await server.start()
         self._server = server
+        await self._start_http()
         self.store = await TopicStore.from_config(config)
         if self._kv is None:
             endpoints = config.etcd.endpoints
@@ -235,6 +247,7 @@ class Broker:
             ttl=config.etcd.lease_ttl_seconds,
             regions=len(self.store.regions),
             data_dir_id=dir_id,
+            metrics_url=self.metrics_url,
         )
         await _start_session(self._session)
         ownership = Ownership(kv, keys, self._session)
@@ -264,12 +277,56 @@ class Broker:
         add_ingest_service(gate, self.manager)
         schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), gate)
         gate.open()
+        self._serving = True
         log.info(
-            "broker started broker_id=%s url=%s wal=%s",
+            "broker started broker_id=%s url=%s wal=%s metrics=%s",
             config.broker.broker_id,
             self.url,
             config.wal_dir() if config.storage.mode != "memory" else "memory",
+            self.metrics_url or "off",
         )
+
+    async def _start_http(self) -> None:
+        """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``metrics.listen`` (unless off);
+        ``/readyz`` answers 503 until the broker serves."""
+        listen = self.config.metrics.listen
+        if listen == "off":
+            return
+        own = CollectorRegistry(auto_describe=False)
+        own.register(BrokerCollector(self, max_series=self.config.metrics.max_lag_series))
+        http = ObservabilityServer(listen, [REGISTRY, own], self.readiness)
+        try:
+            await http.start()
+        except OSError as exc:
+            raise ListenError(
+                f"cannot serve metrics on {listen} (metrics.listen): {exc.strerror or exc}; "
+                "stop the process using that port, choose another metrics.listen "
+                "(--metrics-listen), or set it to off"
+            ) from exc
+        self._http = http
+        self.metrics_url = http.url
+
+    def readiness(self) -> str | None:
+        """None while the broker serves; otherwise why it does not (``/readyz``'s 503)."""
+        if self._stopped.is_set():
+            return "shutting down"
+        if not self._serving:
+            return "starting: recovering the WAL and registering in etcd"
+        session = self._session
+        if session is None or not session.alive:
+            return (
+                "etcd session lost: the broker's lease is not renewed (is etcd reachable?); "
+                "its topics are released until the session is back"
+            )
+        for region in self.store.regions if self.store is not None else []:
+            if region.failure is not None:
+                return (
+                    f"WAL region {region.region} failed ({region.failure}); appends are "
+                    "refused until the broker is restarted and recovers it"
+                )
+            if region.closed:
+                return f"WAL region {region.region} is closed"
+        return None
 
     def _bind(self, gate: _StartupGate) -> grpc.aio.Server:
         """A server bound to ``broker.listen`` with ``gate`` as its only handler; sets
@@ -279,6 +336,7 @@ class Broker:
         max_receive = max(4 * config.limits.max_payload_bytes, _GRPC_MIN_RECEIVE)
         server = grpc.aio.server(
             handlers=[gate],
+            interceptors=[RpcMetrics()],
             options=[
                 ("grpc.max_receive_message_length", max_receive),
                 # Bounds concurrent calls (streams included) per client connection: a flood
@@ -384,6 +442,8 @@ class Broker:
             await self._kv.close()
         if self._lock is not None and self._owns_lock:
             self._lock.release()
+        if self._http is not None:
+            await self._http.stop()
         log.info("broker stopped broker_id=%s", self.config.broker.broker_id)
 
     async def wait_stopped(self) -> None:

@@ -172,6 +172,14 @@ class ProducerService(pb_grpc.ProducerServiceServicer):  # type: ignore[misc]
         try:
             await self._manager.publish(request)
         except Exception as exc:
+            if status_for(exc) == grpc.StatusCode.INTERNAL:
+                log.error(
+                    "publish failed topic=%s producer_id=%d request_id=%d error=%r",
+                    request.msg_id.topic_name or "-",
+                    request.msg_id.producer_id,
+                    request.request_id,
+                    exc,
+                )
             await _abort(context, exc)
             raise
         return pb.MessageResponse(request_id=request.request_id)

@@ -434,6 +434,21 @@ class TopicManager:
         """The reliable topics served here (loaded: their time floor is set)."""
         return [name for name, runtime in self._topics.items() if runtime.reliable]
 
+    def subscription_lags(self) -> list[tuple[str, str, int]]:
+        """(topic, subscription, lag) of every reliable subscription served here. The lag is
+        the number of offsets between the topic's high watermark and the subscription's
+        cursor: durable messages not yet settled (acked out of order above the cursor
+        included)."""
+        lags = []
+        for runtime in self._topics.values():
+            info = self._store.info(runtime.name) if runtime.reliable else None
+            if info is None:
+                continue
+            for name, sub in runtime.subscriptions.items():
+                if isinstance(sub, ReliableSubscription):
+                    lags.append((runtime.name, name, max(0, info.high_watermark - sub.cursor)))
+        return lags
+
     # -- producers -------------------------------------------------------------------------
 
     async def create_producer(

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from danube_ingest.cli import admin, broker, client, objects, retention, tables, wal
 from danube_ingest.errors import DanubeIngestError
+from danube_ingest.observability.logs import formatter
 
 _GROUPS = (broker, client, admin, wal, objects, retention, tables)
 #: Long-running commands: their log lines are their output, so they log INFO by default.
@@ -37,6 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="log more: -v logs INFO lines, -vv DEBUG (overridden by --log-level)",
     )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="log line format: text, or json (one object per line, each key=value of the "
+        "message a field of its own)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in _GROUPS:
         group.register(commands)
@@ -57,9 +65,10 @@ def log_level(command: str, requested: str | None, verbose: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    handler = logging.StreamHandler()
+    handler.setFormatter(formatter(args.log_format))
     logging.basicConfig(
-        level=log_level(args.command, args.log_level, args.verbose),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        level=log_level(args.command, args.log_level, args.verbose), handlers=[handler]
     )
     try:
         code: int = args.handler(args)

@@ -1,4 +1,9 @@
-"""``danube-ingest topics``, ``subscriptions`` and ``status``: cluster state, read from etcd."""
+"""``danube-ingest topics``, ``subscriptions`` and ``status``: cluster state, read from etcd.
+
+``status`` also reads each live broker's ``/metrics`` (the ``metrics_url`` it registered) for
+what only the broker knows: WAL bytes, upload backlog and the lag of every subscription it
+serves (its largest ``metrics.max_lag_series`` ones).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,11 @@ import asyncio
 import json
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from danube_ingest.broker.deletion import delete_topic
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
@@ -62,7 +70,7 @@ def register(commands: Any) -> None:
 
     status = commands.add_parser(
         "status",
-        help="brokers, topics and clients in the cluster",
+        help="brokers (WAL bytes, upload backlog), topics, clients and subscription lag",
         formatter_class=DefaultsHelpFormatter,
     )
     _etcd_options(status)
@@ -199,9 +207,25 @@ async def _status(args: argparse.Namespace) -> int:
     try:
         brokers = await kv.get_prefix(keys.brokers_prefix())
         print(f"brokers ({len(brokers)} live):")
+        lags: list[tuple[str, ...]] = []
         for item in brokers:
             info = json.loads(item.value)
-            print(f"  {item.key.rsplit('/', 1)[-1]}  {info.get('url', '?')}")
+            broker_id = item.key.rsplit("/", 1)[-1]
+            line = f"  {broker_id}  {info.get('url', '?')}"
+            metrics_url = info.get("metrics_url")
+            if not metrics_url:
+                print(f"{line}  (no metrics endpoint)")
+                continue
+            try:
+                figures = await asyncio.to_thread(scrape, f"{metrics_url}/metrics")
+            except OSError as exc:
+                print(f"{line}  (metrics at {metrics_url} unreachable: {exc})")
+                continue
+            print(f"{line}  {_broker_figures(figures)}")
+            for (name, labels), value in sorted(figures.items()):
+                if name == "danube_ingest_subscription_lag_messages":
+                    label = dict(labels)
+                    lags.append((label["topic"], label["subscription"], f"{value:.0f}", broker_id))
         topics = await records.list_topics()
         owned: dict[str, int] = {}
         for record in topics:
@@ -214,14 +238,54 @@ async def _status(args: argparse.Namespace) -> int:
         clients = await records.list_clients()
         producers = sum(1 for c in clients if c.kind == "producer")
         print(f"clients: {producers} producers, {len(clients) - producers} consumers registered")
+        print("subscription lag (messages between the topic's end and the cursor):")
+        _table(("topic", "subscription", "lag", "broker"), lags, indent="  ")
     finally:
         await kv.close()
     return 0
 
 
-def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
+Figures = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str, timeout: float = 3.0) -> Figures:
+    """The samples of a Prometheus endpoint: (name, sorted labels) -> value. Raises
+    ``OSError`` when it cannot be read."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=timeout) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _broker_figures(figures: Figures) -> str:
+    def value(name: str) -> float:
+        return figures.get((name, ()), 0.0)
+
+    text = f"wal {_size(value('danube_ingest_wal_bytes'))}"
+    if ("danube_ingest_upload_backlog_segments", ()) in figures:
+        text += (
+            f", upload backlog {value('danube_ingest_upload_backlog_segments'):.0f} segments "
+            f"({_size(value('danube_ingest_upload_backlog_bytes'))})"
+        )
+    return text
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], indent: str = "") -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
+        cells = (str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
+        print(indent + "  ".join(cells).rstrip())
     if not rows:
-        print("(none)")
+        print(f"{indent}(none)")

@@ -56,6 +56,11 @@ def register(commands: Any) -> None:
     dev.add_argument("--data-dir", default="./data", help="where etcd, WAL and objects live")
     dev.add_argument("--listen", default=DEFAULT_LISTEN, help="broker listen address")
     dev.add_argument("--etcd-port", type=int, default=2379, help="local etcd client port")
+    dev.add_argument(
+        "--metrics-listen",
+        help="HOST:PORT for the broker's /metrics, /healthz and /readyz (default "
+        "127.0.0.1:9650), or off",
+    )
     dev.add_argument("--config", help="broker config file (defaults otherwise)")
     dev.add_argument(
         "--dagster-port", type=int, default=3000, help="Dagster UI port (on the listen host)"
@@ -73,6 +78,10 @@ def _broker_options(parser: argparse.ArgumentParser) -> None:
         "--etcd", help="etcd endpoint URL(s), comma separated; 'memory' for no etcd"
     )
     parser.add_argument("--broker-id", help="this broker's unique id")
+    parser.add_argument(
+        "--metrics-listen",
+        help="HOST:PORT for /metrics, /healthz and /readyz (default 127.0.0.1:9650), or off",
+    )
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -87,6 +96,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["etcd.endpoints"] = args.etcd
     if getattr(args, "broker_id", None):
         overrides["broker.broker_id"] = args.broker_id
+    if getattr(args, "metrics_listen", None):
+        overrides["metrics.listen"] = args.metrics_listen
     return overrides
 
 
@@ -109,7 +120,11 @@ async def serve(
     stop = stop or asyncio.Event()
     stop_on_signals(stop, on_force=on_force)
     await broker.start()
-    print(f"danube-ingest broker {config.broker.broker_id} serving on {broker.url}", flush=True)
+    metrics = f", metrics on {broker.metrics_url}" if broker.metrics_url else ""
+    print(
+        f"danube-ingest broker {config.broker.broker_id} serving on {broker.url}{metrics}",
+        flush=True,
+    )
     try:
         if ready is not None:
             ready(broker)
@@ -235,6 +250,7 @@ def _dev(args: argparse.Namespace) -> int:
             "broker.data_dir": str(data_dir),
             "broker.listen": args.listen,
             "etcd.endpoints": etcd.endpoint,
+            **({"metrics.listen": args.metrics_listen} if args.metrics_listen else {}),
         },
     )
     # Before anything touches the data directory: a second `dev` on it fails here, naming us.

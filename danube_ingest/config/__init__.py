@@ -8,6 +8,7 @@ Every key is optional (each has a documented default) and unknown keys are error
     limits:    LimitsConfig    per-message and per-topic limits the broker enforces
     dispatch:  DispatchConfig  acks, redelivery, poison messages
     etcd:      EtcdConfig      metadata store
+    metrics:   MetricsConfig   metrics, health and readiness HTTP port
 
 Modules: ``values`` (value syntax and field types), ``models`` (the sections), ``loader``
 (YAML, interpolation, overrides, error messages).

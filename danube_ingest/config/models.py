@@ -648,6 +648,40 @@ class EtcdConfig(_Section):
         return value
 
 
+class MetricsConfig(_Section):
+    """The HTTP port for Prometheus metrics and health probes."""
+
+    listen: str = Field(
+        default="127.0.0.1:9650",
+        description=(
+            "Address of the HTTP server for `/metrics` (Prometheus text format), `/healthz` "
+            "and `/readyz`, as host:port (IPv6 as [addr]:port); port 0 picks a free port; "
+            "`off` serves none of them. A port in use stops the broker at start-up."
+        ),
+    )
+    max_lag_series: _Count = Field(
+        default=100,
+        ge=0,
+        description=(
+            "Most subscriptions with their own `danube_ingest_subscription_lag_messages` "
+            "series (those with the largest lag); the others' lag is summed in "
+            "`danube_ingest_subscription_lag_other_messages`."
+        ),
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        if value == "off":
+            return value
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(
+                f"must be host:port with a port from 0 to 65535, or off (got {value!r})"
+            )
+        return value
+
+
 class BrokerConfig(_Section):
     """The whole configuration of one broker (one YAML file)."""
 
@@ -662,6 +696,9 @@ class BrokerConfig(_Section):
         default_factory=DispatchConfig, description="Acks, redelivery, poison messages."
     )
     etcd: EtcdConfig = Field(default_factory=EtcdConfig, description="Metadata store.")
+    metrics: MetricsConfig = Field(
+        default_factory=MetricsConfig, description="Metrics and health endpoints."
+    )
 
     def wal_dir(self) -> Path:
         """The WAL directory: storage.wal.dir, or `{broker.data_dir}/wal` when that is unset."""

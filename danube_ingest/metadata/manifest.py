@@ -60,10 +60,14 @@ from danube_ingest.metadata.errors import MetadataError
 from danube_ingest.metadata.keys import Keys, split_topic
 from danube_ingest.metadata.kv import KV, Compare, Delete, Get, KeyValue, Put, TxnOp
 from danube_ingest.metadata.ownership import Ownership
+from danube_ingest.observability.metrics import MANIFEST_TXN_SECONDS
 
 log = logging.getLogger(__name__)
 
 ObjectKind = Literal["segment", "topic"]
+
+_COMMIT_TXN = MANIFEST_TXN_SECONDS.labels("commit")
+_REPLACE_TXN = MANIFEST_TXN_SECONDS.labels("replace")
 
 #: Topics + ranges per commit transaction. Compares and failure Gets are each one per topic
 #: (owner key) plus one per range (entry key), puts one per range, and etcd's default
@@ -372,10 +376,12 @@ class Manifest:
                 f"cannot swap {len(old)} entries of {topic} for {len(new)} in one transaction: "
                 f"etcd allows {_MAX_TXN_OPS} ops; swap fewer at a time"
             )
+        started = time.monotonic()
         if ownership is None:
             swapped = (await self.kv.txn(compares, ops)).succeeded
         else:
             swapped = (await ownership.fenced(topic, ops, compares)).succeeded
+        _REPLACE_TXN.observe(time.monotonic() - started)
         log.info(
             "manifest replace topic=%s old=%s new=%s swapped=%s",
             topic,
@@ -468,12 +474,14 @@ class Manifest:
             if not pending:
                 return
             keys = [self.key(r) for r in stamped]
+            started = time.monotonic()
             outcome = await ownership.fenced_many(
                 list(dict.fromkeys(r.topic for r in stamped)),
                 [Put(k, r.encode()) for k, r in zip(keys, stamped, strict=True)],
                 compares=[Compare.absent(k) for k in keys],
                 failure=[Get(k) for k in keys],
             )
+            _COMMIT_TXN.observe(time.monotonic() - started)
             if outcome.succeeded:
                 result.committed.extend(stamped)
                 log.info(

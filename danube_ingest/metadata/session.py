@@ -2,8 +2,9 @@
 
 Guarantees:
 
-* ``start()`` registers ``brokers/{id}`` = ``{url, started_ms, regions}`` under a fresh lease
-  (``regions``: how many WAL region logs the broker runs, for the control plane), and
+* ``start()`` registers ``brokers/{id}`` = ``{url, started_ms, regions, metrics_url}`` under a fresh
+  lease (``regions``: how many WAL region logs the broker runs, for the control plane;
+  ``metrics_url``: its metrics endpoint when it serves one, for ``status``), and
   refuses (``BrokerIdConflictError``) while another live broker holds the same id.
 * While ``alive``, the lease has been refreshed less than ``ttl`` seconds ago (measured from
   when the refresh was *sent*), so etcd still holds it: keys under it (the registration, the
@@ -67,6 +68,7 @@ class BrokerSession:
         *,
         regions: int = 1,
         data_dir_id: str | None = None,
+        metrics_url: str | None = None,
     ) -> None:
         if ttl < 1:
             raise MetadataError(f"session TTL must be at least 1 second, got {ttl}")
@@ -77,6 +79,7 @@ class BrokerSession:
         self.ttl = ttl
         self.regions = regions
         self.data_dir_id = data_dir_id
+        self.metrics_url = metrics_url
         self.host = socket.gethostname()
         self._key = keys.broker(broker_id)
         self._lease_id: int | None = None
@@ -163,6 +166,8 @@ class BrokerSession:
             "started_ms": _now_ms(),
             "regions": self.regions,
         }
+        if self.metrics_url is not None:
+            registration["metrics_url"] = self.metrics_url
         if self.data_dir_id is not None:
             registration["data_dir_id"] = self.data_dir_id
             registration["host"] = self.host

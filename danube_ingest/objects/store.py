@@ -65,6 +65,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -78,6 +79,7 @@ from opendal.layers import TimeoutLayer
 
 from danube_ingest.config import BrokerConfig, UploaderConfig
 from danube_ingest.errors import ConfigError, ObjectNotFoundError, ObjectStoreError
+from danube_ingest.observability.metrics import OBJECT_WRITE_SECONDS
 from danube_ingest.wal.meta import fsync_dir
 from danube_ingest.wal.space import DiskFree, disk_free
 
@@ -550,6 +552,7 @@ class ObjectStore:
     ) -> None:
         """One write attempt. On fs a failed write leaves what it wrote in place (opendal
         writes the final file directly): remove it, so a full disk is not kept full by it."""
+        started = time.monotonic()
         try:
             if if_not_exists:
                 await op.write(key, data, if_not_exists=True)
@@ -562,6 +565,7 @@ class ObjectStore:
                 with contextlib.suppress(*_OPENDAL_ERRORS):
                     await op.delete(key)
             raise
+        OBJECT_WRITE_SECONDS.observe(time.monotonic() - started)
 
     async def _sync_dirs(self, key: str) -> None:
         """fs: make the new object's directory entries durable.

@@ -82,6 +82,7 @@ from danube_ingest.metadata.ownership import Ownership
 from danube_ingest.objects.bandwidth import TokenBucket, chunk_bytes, paced_chunks
 from danube_ingest.objects.binfmt import BinWriter, Footer, parse_object
 from danube_ingest.objects.store import ObjectStore, RetryPolicy
+from danube_ingest.observability.metrics import UPLOAD_SECONDS
 from danube_ingest.store.topic_store import TopicStore
 from danube_ingest.wal.framing import (
     Kind,
@@ -571,6 +572,7 @@ class SegmentUploader:
         lag_ms = 0.0 if queued_at is None else (time.monotonic() - queued_at) * 1000
         self.stats.last_lag_ms = lag_ms
         self.stats.max_lag_ms = max(self.stats.max_lag_ms, lag_ms)
+        UPLOAD_SECONDS.observe(lag_ms / 1000)
         log.info(
             "segment uploaded key=%s bytes=%d topics=%d committed=%d already=%d lag_ms=%.0f",
             obj.key,

@@ -22,6 +22,7 @@ from bisect import bisect_right
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
+from danube_ingest.observability.metrics import CACHE_HITS, CACHE_MISSES
 from danube_ingest.wal.block import BlockEntries
 from danube_ingest.wal.framing import Entry, decode_messages
 from danube_ingest.wal.meta import TopicMeta
@@ -168,11 +169,14 @@ class WALCache:
         """Up to ``limit`` cached entries from ``offset`` on; empty if ``offset`` is not cached."""
         cache = self._topics.get(topic)
         if cache is None or cache.nblocks == 0 or offset >= cache.next_offset:
+            CACHE_MISSES.inc()
             return []
         firsts = cache.firsts
         i = bisect_right(firsts, offset, cache.head) - 1
         if i < cache.head:
+            CACHE_MISSES.inc()
             return []
+        CACHE_HITS.inc()
         blocks = cache.blocks
         out = list(_entries(blocks[i], offset - firsts[i], limit))
         i += 1

@@ -80,6 +80,7 @@ def test_ctrl_c_stops_broker_then_dagster_then_etcd(tmp_path: Path) -> None:
                 str(etcd_port),
                 "--dagster-port",
                 str(dagster_port),
+                *("--metrics-listen", "127.0.0.1:0"),
             ],
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -173,7 +174,10 @@ def _dev(
     log_path = tmp_path / f"{name}.log"
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "danube_ingest.cli", "dev", "--data-dir", str(data_dir), *extra],
+            [
+                *(sys.executable, "-m", "danube_ingest.cli", "dev", "--data-dir", str(data_dir)),
+                *("--metrics-listen", "127.0.0.1:0", *extra),
+            ],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -98,6 +98,7 @@ def test_repair_refuses_a_wal_in_use(
             [
                 *(sys.executable, "-m", "danube_ingest.cli", "broker", "--etcd", "memory"),
                 *("--data-dir", str(tmp_path), "--listen", f"127.0.0.1:{port}"),
+                *("--metrics-listen", "127.0.0.1:0"),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
