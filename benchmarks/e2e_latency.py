@@ -35,10 +35,12 @@ and the same calls against the no-op server (``noop_health_*``).
 
 Extras: publish (send -> MessageResponse) latency of the same messages, pacing lag (how late
 the sender started sends), messages undelivered/duplicated, CPU share of client and server (and
-CPU time per message, also for the relay), the broker's fdatasyncs (messages per fdatasync,
-mean duration), a raw disk probe (116-byte write + fdatasync) per round, and ``low_rate_*``:
-the same path for ``LOW_SECONDS`` at ``LOW_RATE`` msg/s, where nothing queues (latency of the
-hops themselves).
+CPU time per message, also for the relay), how long each process's event-loop thread was
+runnable but waited for a CPU (``*_loop_runq_ms_per_s``: ms per second of the window, from
+``/proc/PID/task/PID/schedstat``; what outside load takes from the loop), the broker's
+fdatasyncs (messages per fdatasync, mean duration), a raw disk probe (116-byte write +
+fdatasync) per round, and ``low_rate_*``: the same path for ``LOW_SECONDS`` at ``LOW_RATE``
+msg/s, where nothing queues (latency of the hops themselves).
 """
 
 from __future__ import annotations
@@ -221,8 +223,19 @@ async def unary_round(
     return out, lag
 
 
+def run_queue_wait(pid: int) -> float:
+    """Seconds the main (event-loop) thread of ``pid`` has spent runnable but waiting for a CPU
+    (Linux ``/proc/PID/task/PID/schedstat``, second field; NaN where unavailable)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 class Usage:
-    """CPU share of this process and of the server, and the broker's fdatasyncs, over a window."""
+    """CPU share of this process and of the server, how long their event-loop threads waited
+    for a CPU, and the broker's fdatasyncs, over a window."""
 
     def __init__(self, pid: int, broker: BrokerChild | None) -> None:
         self.pid = pid
@@ -230,6 +243,8 @@ class Usage:
         self.t0 = time.perf_counter()
         self.cpu0 = time.process_time()
         self.bcpu0 = proc_cpu(pid)
+        self.wait0 = run_queue_wait(pid)
+        self.cwait0 = run_queue_wait(os.getpid())
         self.f0 = broker.fdatasync_stats() if broker else (0, 0.0, 0)
 
     def done(self, messages: int) -> dict[str, float]:
@@ -240,6 +255,10 @@ class Usage:
         return {
             "client": (time.process_time() - self.cpu0) / wall,
             "broker": (proc_cpu(self.pid) - self.bcpu0) / wall,
+            # ms per s of wall time the server's / this process's loop thread was runnable but
+            # not running: CPU taken by other processes (or other threads of the same one).
+            "server_runq_ms_per_s": (run_queue_wait(self.pid) - self.wait0) / wall * 1e3,
+            "client_runq_ms_per_s": (run_queue_wait(os.getpid()) - self.cwait0) / wall * 1e3,
             "msgs_per_fdatasync": messages / syncs if syncs else nan,
             "fdatasync_mean_ms": (f1[1] - self.f0[1]) / syncs * 1e3 if syncs else nan,
             "fdatasyncs_over_10ms": f1[2] - self.f0[2],
@@ -290,7 +309,9 @@ def _round_line(name: str, rnd: int, run: E2E, lag: dict[str, float], use: dict[
         f"{percentile(e2e, 99):.2f} ms max {max(e2e, default=float('nan')):.2f} ms "
         f"({len(e2e)} msgs); publish p50 {percentile(pub, 50):.2f} p99 "
         f"{percentile(pub, 99):.2f} ms; pacing lag p99 {lag['lag_p99_ms']:.2f} ms; CPU "
-        f"share client {use['client']:.2f} server {use['broker']:.2f}"
+        f"share client {use['client']:.2f} server {use['broker']:.2f}; loop threads waited for a "
+        f"CPU: server {use['server_runq_ms_per_s']:.0f} client {use['client_runq_ms_per_s']:.0f} "
+        "ms/s"
     )
     if name == "broker":
         line += (
@@ -414,6 +435,9 @@ async def bench(broker: BrokerChild, noop: NoopServerProcess, probe_dir: Path) -
         "cpu_broker": mean(usage, "broker"),
         "relay_cpu_client": mean(relay_usage, "client"),
         "relay_cpu_server": mean(relay_usage, "broker"),
+        "runq_broker": [u["server_runq_ms_per_s"] for u in usage],
+        "runq_client": [u["client_runq_ms_per_s"] for u in usage],
+        "runq_relay": [u["server_runq_ms_per_s"] for u in relay_usage],
         "msgs_per_fdatasync": [u["msgs_per_fdatasync"] for u in usage],
         "fdatasync_mean_ms": [u["fdatasync_mean_ms"] for u in usage],
         "fdatasyncs_over_10ms": sum(u["fdatasyncs_over_10ms"] for u in usage),
@@ -545,6 +569,9 @@ def main() -> None:
         "low_rate_publish_p99_ms": percentile(out["low_publish"], 99),
         "low_rate_cpu_us_per_msg_broker": out["low_cpu_broker"] * 1e6 / LOW_RATE,
         "low_rate_cpu_us_per_msg_client": out["low_cpu_client"] * 1e6 / LOW_RATE,
+        "broker_loop_runq_ms_per_s": out["runq_broker"],
+        "client_loop_runq_ms_per_s": out["runq_client"],
+        "relay_loop_runq_ms_per_s": out["runq_relay"],
         "broker_msgs_per_fdatasync": out["msgs_per_fdatasync"],
         "broker_fdatasync_mean_ms": out["fdatasync_mean_ms"],
         "broker_fdatasyncs_over_10ms": out["fdatasyncs_over_10ms"],
