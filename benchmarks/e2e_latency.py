@@ -35,10 +35,16 @@ and the same calls against the no-op server (``noop_health_*``).
 
 Extras: publish (send -> MessageResponse) latency of the same messages, pacing lag (how late
 the sender started sends), messages undelivered/duplicated, CPU share of client and server (and
-CPU time per message, also for the relay), the broker's fdatasyncs (messages per fdatasync,
-mean duration), a raw disk probe (116-byte write + fdatasync) per round, and ``low_rate_*``:
-the same path for ``LOW_SECONDS`` at ``LOW_RATE`` msg/s, where nothing queues (latency of the
-hops themselves).
+CPU time per message, also for the relay), how long each process's event-loop thread was
+runnable but waited for a CPU (``*_loop_runq_ms_per_s``: ms per second of the window, from
+``/proc/PID/task/PID/schedstat``; what outside load takes from the loop), the broker's
+fdatasyncs (messages per fdatasync, mean duration), a raw disk probe (116-byte write +
+fdatasync) per round, and ``low_rate_*``: the same path for ``LOW_SECONDS`` at ``LOW_RATE``
+msg/s, where nothing queues (latency of the hops themselves).
+
+``--nice N`` (diagnostic; N < 0 needs root or CAP_SYS_NICE) adds a third window to every round:
+the same broker with all its threads at niceness N for that window (``nice_*``), to tell how
+much of the tail is the broker waiting for a CPU that other processes hold.
 """
 
 from __future__ import annotations
@@ -124,8 +130,9 @@ class E2E:
         self.e2e: dict[int, list[float]] = {}
         self.publish: dict[int, list[float]] = {}
         # One flag per sequence number (bounded: the run sends a fixed number of messages).
+        # (Room for a third window per round: ``--nice``.)
         self.seen = bytearray(
-            int(RATE * (WARMUP + ROUNDS * E2E_SECONDS) + LOW_RATE * LOW_SECONDS) + 1000
+            int(RATE * (WARMUP + 2 * ROUNDS * E2E_SECONDS) + LOW_RATE * LOW_SECONDS) + 1000
         )
         self.seen_max = -1
         self.duplicates = 0
@@ -221,8 +228,27 @@ async def unary_round(
     return out, lag
 
 
+def set_nice(pid: int, nice: int) -> None:
+    """Give every thread of ``pid`` the scheduling niceness ``nice`` (Linux applies it per
+    thread; lower is more CPU weight, below 0 needs root or CAP_SYS_NICE)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+
+
+def run_queue_wait(pid: int) -> float:
+    """Seconds the main (event-loop) thread of ``pid`` has spent runnable but waiting for a CPU
+    (Linux ``/proc/PID/task/PID/schedstat``, second field; NaN where unavailable)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 class Usage:
-    """CPU share of this process and of the server, and the broker's fdatasyncs, over a window."""
+    """CPU share of this process and of the server, how long their event-loop threads waited
+    for a CPU, and the broker's fdatasyncs, over a window."""
 
     def __init__(self, pid: int, broker: BrokerChild | None) -> None:
         self.pid = pid
@@ -230,6 +256,8 @@ class Usage:
         self.t0 = time.perf_counter()
         self.cpu0 = time.process_time()
         self.bcpu0 = proc_cpu(pid)
+        self.wait0 = run_queue_wait(pid)
+        self.cwait0 = run_queue_wait(os.getpid())
         self.f0 = broker.fdatasync_stats() if broker else (0, 0.0, 0)
 
     def done(self, messages: int) -> dict[str, float]:
@@ -240,6 +268,10 @@ class Usage:
         return {
             "client": (time.process_time() - self.cpu0) / wall,
             "broker": (proc_cpu(self.pid) - self.bcpu0) / wall,
+            # ms per s of wall time the server's / this process's loop thread was runnable but
+            # not running: CPU taken by other processes (or other threads of the same one).
+            "server_runq_ms_per_s": (run_queue_wait(self.pid) - self.wait0) / wall * 1e3,
+            "client_runq_ms_per_s": (run_queue_wait(os.getpid()) - self.cwait0) / wall * 1e3,
             "msgs_per_fdatasync": messages / syncs if syncs else nan,
             "fdatasync_mean_ms": (f1[1] - self.f0[1]) / syncs * 1e3 if syncs else nan,
             "fdatasyncs_over_10ms": f1[2] - self.f0[2],
@@ -286,13 +318,15 @@ def _round_line(name: str, rnd: int, run: E2E, lag: dict[str, float], use: dict[
     e2e = run.e2e.get(rnd, [])
     pub = run.publish.get(rnd, [])
     line = (
-        f"  round {rnd + 1} {name}: e2e p50 {percentile(e2e, 50):.2f} ms p99 "
+        f"  round {rnd % NICE_PHASE + 1} {name}: e2e p50 {percentile(e2e, 50):.2f} ms p99 "
         f"{percentile(e2e, 99):.2f} ms max {max(e2e, default=float('nan')):.2f} ms "
         f"({len(e2e)} msgs); publish p50 {percentile(pub, 50):.2f} p99 "
         f"{percentile(pub, 99):.2f} ms; pacing lag p99 {lag['lag_p99_ms']:.2f} ms; CPU "
-        f"share client {use['client']:.2f} server {use['broker']:.2f}"
+        f"share client {use['client']:.2f} server {use['broker']:.2f}; loop threads waited for a "
+        f"CPU: server {use['server_runq_ms_per_s']:.0f} client {use['client_runq_ms_per_s']:.0f} "
+        "ms/s"
     )
-    if name == "broker":
+    if name != "relay":
         line += (
             f"; {use['msgs_per_fdatasync']:.1f} msgs/fdatasync, mean "
             f"{use['fdatasync_mean_ms']:.2f} ms ({use['fdatasyncs_over_10ms']} >= 10 ms)"
@@ -321,7 +355,17 @@ def _totals(run: E2E, rounds: range) -> dict[str, Any]:
     }
 
 
-async def bench(broker: BrokerChild, noop: NoopServerProcess, probe_dir: Path) -> dict[str, Any]:
+def _ms(values: list[float]) -> str:
+    return " / ".join(f"{v:.0f}" for v in values)
+
+
+#: Phase numbers of the ``--nice`` windows: ``NICE_PHASE + round``.
+NICE_PHASE = 100
+
+
+async def bench(
+    broker: BrokerChild, noop: NoopServerProcess, probe_dir: Path, nice: int | None
+) -> dict[str, Any]:
     import grpc
     from danube.proto import DanubeApi_pb2 as pb
     from danube.proto import DanubeApi_pb2_grpc as pb_grpc
@@ -348,21 +392,30 @@ async def bench(broker: BrokerChild, noop: NoopServerProcess, probe_dir: Path) -
     lags: list[dict[str, float]] = []
     usage: list[dict[str, float]] = []
     relay_usage: list[dict[str, float]] = []
+    nice_usage: list[dict[str, float]] = []
     drained: list[bool] = []
 
     async def window(name: str, rnd: int) -> None:
         target, pid, child = (
-            (run, broker.pid, broker) if name == "broker" else (relay, noop.pid, None)
+            (relay, noop.pid, None) if name == "relay" else (run, broker.pid, broker)
         )
-        target.phase = rnd
-        use_window = Usage(pid, child)
-        lag = await paced(RATE, E2E_SECONDS, target.fire)
-        use = use_window.done(int(RATE * E2E_SECONDS))
-        (usage if name == "broker" else relay_usage).append(use)
+        phase = NICE_PHASE + rnd if name == "broker-nice" else rnd
+        target.phase = phase
+        if name == "broker-nice":
+            assert nice is not None
+            set_nice(broker.pid, nice)
+        try:
+            use_window = Usage(pid, child)
+            lag = await paced(RATE, E2E_SECONDS, target.fire)
+            use = use_window.done(int(RATE * E2E_SECONDS))
+            drained.append(await target.drain(phase, DRAIN_TIMEOUT))
+        finally:
+            if name == "broker-nice":
+                set_nice(broker.pid, 0)
+        {"broker": usage, "relay": relay_usage, "broker-nice": nice_usage}[name].append(use)
         if name == "broker":
             lags.append(lag)
-        drained.append(await target.drain(rnd, DRAIN_TIMEOUT))
-        say(_round_line(name, rnd, target, lag, use))
+        say(_round_line(name, phase, target, lag, use))
 
     try:
         for target in (run, relay):
@@ -370,7 +423,8 @@ async def bench(broker: BrokerChild, noop: NoopServerProcess, probe_dir: Path) -
             await paced(RATE, WARMUP, target.fire)
             await target.drain(-1, DRAIN_TIMEOUT)
         for rnd in range(ROUNDS):
-            for name in ("broker", "relay") if rnd % 2 == 0 else ("relay", "broker"):
+            names = ["broker", "relay"] + (["broker-nice"] if nice is not None else [])
+            for name in names if rnd % 2 == 0 else names[::-1]:
                 await window(name, rnd)
             lat, _ = await unary_round(base_stub, health_req, BASE_SECONDS)
             base_lat += lat
@@ -414,6 +468,9 @@ async def bench(broker: BrokerChild, noop: NoopServerProcess, probe_dir: Path) -
         "cpu_broker": mean(usage, "broker"),
         "relay_cpu_client": mean(relay_usage, "client"),
         "relay_cpu_server": mean(relay_usage, "broker"),
+        "runq_broker": [u["server_runq_ms_per_s"] for u in usage],
+        "runq_client": [u["client_runq_ms_per_s"] for u in usage],
+        "runq_relay": [u["server_runq_ms_per_s"] for u in relay_usage],
         "msgs_per_fdatasync": [u["msgs_per_fdatasync"] for u in usage],
         "fdatasync_mean_ms": [u["fdatasync_mean_ms"] for u in usage],
         "fdatasyncs_over_10ms": sum(u["fdatasyncs_over_10ms"] for u in usage),
@@ -423,6 +480,9 @@ async def bench(broker: BrokerChild, noop: NoopServerProcess, probe_dir: Path) -
         "low_publish": run.publish.get(ROUNDS, []),
         "low_cpu_client": low_use["client"],
         "low_cpu_broker": low_use["broker"],
+        "nice": _totals(run, range(NICE_PHASE, NICE_PHASE + ROUNDS)) if nice is not None else None,
+        "nice_runq_broker": [u["server_runq_ms_per_s"] for u in nice_usage],
+        "nice_cpu_broker": mean(nice_usage, "broker") if nice_usage else float("nan"),
     }
 
 
@@ -437,7 +497,14 @@ STORAGE_YAML = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
     parser.add_argument("--storage", choices=sorted(STORAGE_YAML), default="always")
-    storage = parser.parse_args().storage
+    parser.add_argument(
+        "--nice",
+        type=int,
+        help="also run, in every round, a window with the broker's threads at this niceness "
+        "(e.g. -10: more CPU weight than other processes; needs root or CAP_SYS_NICE)",
+    )
+    args = parser.parse_args()
+    storage, nice = args.storage, args.nice
     t_start = time.perf_counter()
     say(
         f"e2e_latency: danube-client producer -> broker (storage {storage}) -> Exclusive consumer, "
@@ -457,7 +524,7 @@ def main() -> None:
         try:
             broker.start()
             noop.start()
-            out = asyncio.run(bench(broker, noop, work))
+            out = asyncio.run(bench(broker, noop, work, nice))
             broker_rss = proc_rss_mib(broker.pid)
         finally:
             noop.stop()
@@ -487,6 +554,16 @@ def main() -> None:
         f"CPU share client {out['relay_cpu_client']:.2f} server {out['relay_cpu_server']:.2f} "
         f"-> ratio e2e p99 / relay p99 {main_ratio:.2f}"
     )
+    nice_run = out["nice"]
+    if nice_run is not None:
+        ne = nice_run["e2e"]
+        say(
+            f"broker at nice {nice} ({len(ne)} msgs): p50 {percentile(ne, 50):.2f} ms, p99 "
+            f"{percentile(ne, 99):.2f} ms, p99.9 {percentile(ne, 99.9):.2f} ms; loop thread waited "
+            f"for a CPU {_ms(out['nice_runq_broker'])} ms/s per window (nice 0: "
+            f"{_ms(out['runq_broker'])}); publish p99 {percentile(nice_run['publish'], 99):.2f} "
+            f"ms (nice 0: {percentile(pub, 99):.2f})"
+        )
     say(
         f"HealthCheck on the broker ({len(base)} calls): p50 {percentile(base, 50):.2f} "
         f"ms, p99 {base_p99:.2f} ms; no-op server p50 {percentile(noop_lat, 50):.2f} ms, p99 "
@@ -545,7 +622,25 @@ def main() -> None:
         "low_rate_publish_p99_ms": percentile(out["low_publish"], 99),
         "low_rate_cpu_us_per_msg_broker": out["low_cpu_broker"] * 1e6 / LOW_RATE,
         "low_rate_cpu_us_per_msg_client": out["low_cpu_client"] * 1e6 / LOW_RATE,
+        "broker_loop_runq_ms_per_s": out["runq_broker"],
+        "client_loop_runq_ms_per_s": out["runq_client"],
+        "relay_loop_runq_ms_per_s": out["runq_relay"],
         "broker_msgs_per_fdatasync": out["msgs_per_fdatasync"],
+        **(
+            {
+                "nice": nice,
+                "nice_p50_ms": percentile(nice_run["e2e"], 50),
+                "nice_p99_ms": percentile(nice_run["e2e"], 99),
+                "nice_p999_ms": percentile(nice_run["e2e"], 99.9),
+                "nice_publish_p99_ms": percentile(nice_run["publish"], 99),
+                "nice_rounds_p99_ms": nice_run["rounds_p99"],
+                "nice_undelivered": nice_run["undelivered"],
+                "nice_loop_runq_ms_per_s": out["nice_runq_broker"],
+                "nice_cpu_us_per_msg_broker": out["nice_cpu_broker"] * 1e6 / RATE,
+            }
+            if nice_run is not None
+            else {}
+        ),
         "broker_fdatasync_mean_ms": out["fdatasync_mean_ms"],
         "broker_fdatasyncs_over_10ms": out["fdatasyncs_over_10ms"],
         "disk_fdatasync_p50_ms": percentile(out["disk"], 50) * 1e3,
