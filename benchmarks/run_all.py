@@ -67,7 +67,7 @@ class Cell:
 
 
 def sweep(quick: bool) -> list[Cell]:
-    """The default sweep (~3 min with 3 rounds here) or the quick one (seconds)."""
+    """The default sweep (~1-3 min with 5 rounds here) or the quick one (seconds)."""
     if quick:
         return [
             Cell("ingest", 10, 1, 200),
@@ -354,11 +354,11 @@ def write_section(doc: Path, section: str) -> None:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tiny sweep (for the test)")
-    parser.add_argument("--rounds", type=int, help="rounds (default 3; --quick: 1)")
+    parser.add_argument("--rounds", type=int, help="rounds (default 5; --quick: 1)")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--img-dir", type=Path, default=ROOT / "docs" / "img")
     args = parser.parse_args()
-    rounds = args.rounds or (1 if args.quick else 3)
+    rounds = args.rounds or (1 if args.quick else 5)
     cells = sweep(args.quick)
     command = ".venv/bin/python benchmarks/run_all.py" + (" --quick" if args.quick else "")
     if args.rounds:
