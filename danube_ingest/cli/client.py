@@ -1,4 +1,14 @@
-"""``danube-ingest produce`` and ``consume``: talk to a broker through the real danube-client."""
+"""``danube-ingest produce`` and ``consume``.
+
+By default through the batch path (``danube_ingest.client``: batches of many messages on one
+stream, acknowledged once durable); ``--client danube`` goes through the real danube-client
+instead (one RPC per message, see ``cli.danube_client``). Messages sent either way are read by
+either. Progress goes to stderr (``cli.progress``); ``consume`` prints messages to stdout.
+
+Exit codes: 0 done; 1 the broker could not be reached, refused messages, or ended a stream
+(the message says which and why); 2 bad usage (a malformed topic name, size or count is
+refused before anything is sent); 130 interrupted.
+"""
 
 from __future__ import annotations
 
@@ -7,40 +17,34 @@ import asyncio
 import logging
 import sys
 import time
-from typing import Any
+import zlib
+from collections.abc import Coroutine
+from typing import Any, Literal
 
 import grpc
-from danube import (
-    ConsumerOptions,
-    DanubeClientBuilder,
-    DanubeError,
-    DispatchStrategy,
-    ProducerOptions,
-    SubType,
-)
-from danube.proto import DanubeApi_pb2 as pb
-from danube.proto import DanubeApi_pb2_grpc as pb_grpc
+from danube import DanubeError
 
-from danube_ingest.broker.start import (
-    LATEST,
-    METADATA_KEY,
-    InvalidStartPositionError,
-    StartPosition,
-)
+from danube_ingest.broker.names import parse_topic, partition_name
+from danube_ingest.broker.start import InvalidStartPositionError, StartPosition
+from danube_ingest.cli import danube_client
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
-
-_SUB_TYPES = {
-    "exclusive": SubType.EXCLUSIVE,
-    "shared": SubType.SHARED,
-    "failover": SubType.FAILOVER,
-    "key_shared": SubType.KEY_SHARED,
-}
-
+from danube_ingest.cli.progress import ProgressLine
+from danube_ingest.client import Batch, ClientError, Consumer, Producer, PublishError
+from danube_ingest.errors import DanubeIngestError
 
 #: Where ``consume`` starts a subscription it creates. Danube (and danube-client) start a new
 #: subscription at the newest offset; the CLI starts at the oldest retained one, so that
 #: ``produce --count N`` then ``consume --count N`` gets the N messages just sent.
 DEFAULT_START = "earliest"
+#: Seconds to wait for the broker to answer a connection before giving up (exit 1): long
+#: enough for a broker that is starting, short enough that a wrong URL is reported quickly.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+
+CLIENTS = ("ingest", "danube")
+_CLIENT_HELP = (
+    "'ingest': the batch path (danube_ingest.client, many messages per request); 'danube': "
+    "the real danube-client (one RPC per message, what Danube applications use)"
+)
 
 _FROM_HELP = (
     "where a NEW subscription starts: 'earliest' (the oldest retained message), 'latest' "
@@ -51,6 +55,45 @@ _FROM_HELP = (
 )
 
 
+class BrokerUnreachableError(DanubeIngestError):
+    """No broker answered at the given URL within the connect timeout. Retriable: start the
+    broker (or fix ``--service-url``) and run the command again."""
+
+    retriable = True
+
+
+# -- argument types ----------------------------------------------------------------------------
+
+
+def topic_name(text: str) -> str:
+    """A valid ``/namespace/topic`` (checked here, so a bad name sends nothing)."""
+    try:
+        parse_topic(text)
+    except DanubeIngestError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _whole(text: str, minimum: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{what} {text!r}: expected a whole number >= {minimum}")
+    return value
+
+
+def positive(text: str) -> int:
+    """A whole number >= 1 (batch sizes, concurrency)."""
+    return _whole(text, 1, "value")
+
+
+def non_negative(text: str) -> int:
+    """A whole number >= 0 (counts, sizes in bytes)."""
+    return _whole(text, 0, "value")
+
+
 def _start_position(text: str) -> StartPosition:
     try:
         return StartPosition.parse(text)
@@ -58,45 +101,58 @@ def _start_position(text: str) -> StartPosition:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+# -- parsers -----------------------------------------------------------------------------------
+
+
 def register(commands: Any) -> None:
     produce = commands.add_parser(
         "produce",
         help="publish messages to a topic",
+        description="Publish messages; by default through the batch path, each batch "
+        "acknowledged once it is durable. Exit 1 if the broker refused any message.",
         formatter_class=DefaultsHelpFormatter,
     )
-    _common(produce)
-    produce.add_argument("--count", type=int, default=10, help="messages to send")
+    common(produce)
+    produce.add_argument("--count", type=non_negative, default=10, help="messages to send")
     produce.add_argument("--message", default="hello from danube-ingest", help="payload text")
-    produce.add_argument("--size", type=int, help="send payloads of this many bytes instead")
+    produce.add_argument(
+        "--size", type=non_negative, help="send payloads of this many bytes instead"
+    )
     produce.add_argument("--producer-name", default="cli-producer", help="producer name")
     produce.add_argument(
         "--partitions",
-        type=int,
+        type=non_negative,
         default=0,
-        help="create a topic of N partitions (0: not partitioned)",
+        help="publish to a topic of N partitions (0: not partitioned); messages go round-robin, "
+        "or by --key",
     )
     produce.add_argument("--key", help="routing key (for key-shared subscriptions)")
     produce.add_argument(
-        "--non-reliable", action="store_true", help="non-reliable topic (no WAL, live only)"
+        "--non-reliable",
+        action="store_true",
+        help="non-reliable topic (no WAL, live only; needs --client danube)",
     )
     produce.add_argument(
         "--rate", type=float, default=0.0, help="messages per second (0: as fast as possible)"
     )
+    batching(produce)
     produce.set_defaults(handler=_produce)
 
     consume = commands.add_parser(
         "consume",
         help="receive (and acknowledge) messages",
-        description="Receive and acknowledge messages through danube-client. A subscription "
-        "this command creates starts at --from (default: earliest); an existing one resumes "
-        "after its cursor.",
+        description="Receive and acknowledge messages. A subscription this command creates "
+        "starts at --from (default: earliest); an existing one resumes after its cursor.",
         formatter_class=DefaultsHelpFormatter,
     )
-    _common(consume)
+    common(consume)
     consume.add_argument("--subscription", default="cli-subscription", help="subscription")
     consume.add_argument("--consumer-name", default="cli-consumer", help="consumer name")
     consume.add_argument(
-        "--type", choices=sorted(_SUB_TYPES), default="exclusive", help="subscription type"
+        "--type",
+        choices=sorted(danube_client.SUB_TYPES),
+        default="exclusive",
+        help="subscription type",
     )
     consume.add_argument(
         "--from",
@@ -106,160 +162,75 @@ def register(commands: Any) -> None:
         default=DEFAULT_START,
         help=_FROM_HELP,
     )
-    consume.add_argument("--count", type=int, default=0, help="stop after N (0: forever)")
+    consume.add_argument("--count", type=non_negative, default=0, help="stop after N (0: forever)")
     consume.add_argument("--quiet", action="store_true", help="show progress, not messages")
+    consume.add_argument(
+        "--max-batch", type=positive, default=1000, help="most messages per delivered batch"
+    )
     consume.set_defaults(handler=_consume)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def common(parser: argparse.ArgumentParser, *, topic_required: bool = True) -> None:
+    """Options every client command has: broker URL, topic, client, connect timeout."""
     parser.add_argument(
         "--service-url", default="http://127.0.0.1:6650", help="broker URL to start from"
     )
-    parser.add_argument("--topic", required=True, help="topic name, /namespace/topic")
-
-
-class _Progress:
-    """One self-overwriting status line on a terminal, plain lines otherwise."""
-
-    def __init__(self, verb: str, total: int) -> None:
-        self.verb = verb
-        self.total = total
-        self.done = 0
-        self.started = time.monotonic()
-        self._last = 0.0
-        self._tty = sys.stderr.isatty()
-
-    def step(self, n: int = 1) -> None:
-        self.done += n
-        now = time.monotonic()
-        if now - self._last >= (0.2 if self._tty else 2.0) or self.done == self.total:
-            self._last = now
-            rate = self.done / max(now - self.started, 1e-9)
-            total = f"/{self.total}" if self.total else ""
-            line = f"{self.verb} {self.done}{total} messages ({rate:,.0f} msg/s)"
-            print(
-                ("\r" + line) if self._tty else line,
-                end="" if self._tty else "\n",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def finish(self) -> None:
-        if self._tty:
-            print(file=sys.stderr)
-
-
-async def _run_produce(args: argparse.Namespace) -> None:
-    client = await DanubeClientBuilder().service_url(args.service_url).build()
-    builder = (
-        client.new_producer()
-        .with_topic(args.topic)
-        .with_name(args.producer_name)
-        .with_dispatch_strategy(
-            DispatchStrategy.NON_RELIABLE if args.non_reliable else DispatchStrategy.RELIABLE
+    if topic_required:
+        parser.add_argument(
+            "--topic", required=True, type=topic_name, help="topic name, /namespace/topic"
         )
-        .with_options(ProducerOptions())
+    parser.add_argument("--client", choices=CLIENTS, default="ingest", help=_CLIENT_HELP)
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=DEFAULT_CONNECT_TIMEOUT,
+        help="seconds to wait for the broker to answer before giving up (exit 1)",
     )
-    if args.partitions:
-        builder = builder.with_partitions(args.partitions)
-    producer = builder.build()
-    await producer.create()
-    payload = b"x" * args.size if args.size else args.message.encode()
-    progress = _Progress("sent", args.count)
-    interval = 1.0 / args.rate if args.rate > 0 else 0.0
-    next_at = time.monotonic()
-    try:
-        for i in range(args.count):
-            attributes = {"seq": str(i)}
-            if args.key is not None:
-                await producer.send_with_key(payload, attributes, args.key)
-            else:
-                await producer.send(payload, attributes)
-            progress.step()
-            if interval:
-                next_at += interval
-                delay = next_at - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-    finally:
-        progress.finish()
-        await producer.close()
 
 
-async def _run_consume(args: argparse.Namespace) -> None:
-    client = await DanubeClientBuilder().service_url(args.service_url).build()
-    consumer = (
-        client.new_consumer()
-        .with_topic(args.topic)
-        .with_consumer_name(args.consumer_name)
-        .with_subscription(args.subscription)
-        .with_subscription_type(_SUB_TYPES[args.type])
-        .with_options(ConsumerOptions())
-        .build()
+def batching(parser: argparse.ArgumentParser) -> None:
+    """The batch client's options (ignored with ``--client danube``)."""
+    parser.add_argument(
+        "--batch", type=positive, default=1000, help="most messages per batch (batch client)"
     )
-    start: StartPosition = args.start
-    if start != LATEST:
-        await _create_subscription(args, start)
-    await consumer.subscribe()
-    queue = await consumer.receive()
-    progress = _Progress("received", args.count)
-    try:
-        while not args.count or progress.done < args.count:
-            message = await queue.get()
-            if not args.quiet:
-                text = message.payload.decode("utf-8", "replace")
-                print(
-                    f"{message.msg_id.topic_name}@{message.msg_id.topic_offset} "
-                    f"[{message.producer_name}] {text}",
-                    flush=True,
-                )
-            await consumer.ack(message)
-            progress.step()
-    finally:
-        progress.finish()
-        await consumer.close()
+    parser.add_argument(
+        "--in-flight",
+        type=positive,
+        default=8,
+        help="batches sent and not yet acknowledged, per producer (batch client)",
+    )
+    parser.add_argument(
+        "--linger-ms",
+        type=float,
+        default=5.0,
+        help="send a batch this long after its first message even if not full (batch client)",
+    )
+    parser.add_argument(
+        "--compression",
+        choices=("none", "zstd", "lz4"),
+        default="none",
+        help="batch compression (batch client)",
+    )
 
 
-def _target(url: str) -> str:
-    """``host:port`` of a broker URL such as ``http://127.0.0.1:6650``."""
-    return url.split("://", 1)[-1].rstrip("/")
+# -- running -----------------------------------------------------------------------------------
 
 
-async def _create_subscription(args: argparse.Namespace, start: StartPosition) -> None:
-    """Subscribe once per partition with our start-position metadata, under the consumer name
-    danube-client then subscribes with (so it gets the same consumer id and takes over).
-
-    danube-client cannot send the position itself; this call creates the subscription at
-    ``start`` if it does not exist yet, and changes nothing for one that does.
-    """
-    metadata = ((METADATA_KEY, start.to_metadata()),)
-    async with grpc.aio.insecure_channel(_target(args.service_url)) as channel:
-        discovery = pb_grpc.DiscoveryStub(channel)
-        request = pb.TopicLookupRequest(request_id=1, topic=args.topic)
-        partitions = list((await discovery.TopicPartitions(request)).partitions) or [args.topic]
-        for partition in partitions:
-            url = args.service_url
-            try:
-                lookup = await discovery.TopicLookup(
-                    pb.TopicLookupRequest(request_id=2, topic=partition)
-                )
-                url = lookup.connect_url or url
-            except grpc.aio.AioRpcError:
-                pass  # as danube-client does: fall back to the service URL
-            async with grpc.aio.insecure_channel(_target(url)) as owner:
-                await pb_grpc.ConsumerServiceStub(owner).Subscribe(
-                    pb.ConsumerRequest(
-                        request_id=3,
-                        topic_name=partition,
-                        consumer_name=args.consumer_name,
-                        subscription=args.subscription,
-                        subscription_type=int(_SUB_TYPES[args.type]),
-                    ),
-                    metadata=metadata,
-                )
+async def check_reachable(url: str, timeout: float) -> None:
+    """Return once the broker at ``url`` accepts a connection; ``BrokerUnreachableError``
+    after ``timeout`` seconds (both clients would otherwise retry for ever)."""
+    async with grpc.aio.insecure_channel(danube_client.target(url)) as channel:
+        try:
+            await asyncio.wait_for(channel.channel_ready(), timeout)
+        except TimeoutError:
+            raise BrokerUnreachableError(
+                f"no broker answered at {url} within {timeout:g} s: start one (e.g. `make dev`) "
+                "or pass its address with --service-url"
+            ) from None
 
 
-def _run(coro: Any) -> int:
+def run(coro: Coroutine[Any, Any, None]) -> int:
+    """Run a client command; map its failures to a message on stderr and an exit code."""
     # danube-client logs a warning on every failed stream reopen, and it reopens at once:
     # while a broker is down that is thousands of lines a second.
     logging.getLogger("danube").setLevel(logging.ERROR)
@@ -270,15 +241,183 @@ def _run(coro: Any) -> int:
     except grpc.aio.AioRpcError as exc:
         print(f"danube-ingest: error: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
-    except DanubeError as exc:
+    except (DanubeError, ClientError, BrokerUnreachableError) as exc:
         print(f"danube-ingest: error: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
+class Tally:
+    """Counts a producer's answers: stored messages (stepping ``progress``) and refusals (the
+    first error kept, to report)."""
+
+    def __init__(self, progress: ProgressLine) -> None:
+        self.progress = progress
+        self.stored = 0
+        self.refused = 0
+        self.first_error: BaseException | None = None
+
+    def answered(self, future: asyncio.Future[int]) -> None:
+        error = future.exception() if not future.cancelled() else asyncio.CancelledError()
+        if error is None:
+            self.stored += 1
+            self.progress.step()
+            return
+        self.refused += 1
+        if self.first_error is None:
+            self.first_error = error
+
+    def raise_refusals(self, topic: str) -> None:
+        """Raise the first refusal, saying how many messages were refused in all."""
+        if self.first_error is None:
+            return
+        if isinstance(self.first_error, PublishError):
+            error = self.first_error
+            raise PublishError(
+                error.code,
+                f"{error.details} ({self.refused} messages refused, {self.stored} stored)",
+                error.topic,
+            )
+        raise self.first_error
+
+
+async def _produce_ingest(args: argparse.Namespace) -> None:
+    await check_reachable(args.service_url, args.connect_timeout)
+    topics = [partition_name(args.topic, i) for i in range(args.partitions)] or [args.topic]
+    producers = [
+        Producer(
+            args.service_url,
+            topic,
+            producer_name=args.producer_name,
+            max_batch_messages=args.batch,
+            max_batch_bytes=max(1 << 20, args.batch * len(_payload(args))),
+            max_in_flight=args.in_flight,
+            linger_ms=args.linger_ms,
+            compression=args.compression,
+        )
+        for topic in topics
+    ]
+    payload = _payload(args)
+    keyed = None if args.key is None else zlib.crc32(args.key.encode()) % len(topics)
+    interval = 1.0 / args.rate if args.rate > 0 else 0.0
+    next_at = time.monotonic()
+    for producer in producers:
+        await producer.start()
+    try:
+        with ProgressLine("sent", args.count) as progress:
+            tally = Tally(progress)
+            for i in range(args.count):
+                producer = producers[i % len(topics) if keyed is None else keyed]
+                future = await producer.send(
+                    payload, routing_key=args.key, attributes={"seq": str(i)}
+                )
+                future.add_done_callback(tally.answered)
+                if interval:
+                    next_at += interval
+                    delay = next_at - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+            for producer in producers:
+                await producer.flush()
+    finally:
+        for producer in producers:
+            await producer.close()
+    tally.raise_refusals(args.topic)
+
+
+def _payload(args: argparse.Namespace) -> bytes:
+    return b"x" * args.size if args.size else str(args.message).encode()
+
+
+def consumer_start(
+    start: StartPosition,
+) -> Literal["latest", "earliest"] | int | tuple[Literal["time"], int]:
+    """``StartPosition`` (the CLI's ``--from``) as ``Consumer``'s ``start`` argument."""
+    if start.kind == "offset":
+        return start.value
+    if start.kind == "time":
+        return ("time", start.value)
+    return "earliest" if start.kind == "earliest" else "latest"
+
+
+async def _consume_ingest(args: argparse.Namespace) -> None:
+    await check_reachable(args.service_url, args.connect_timeout)
+    topics = await danube_client.partitions(args.service_url, args.topic)
+    consumers = [
+        Consumer(
+            args.service_url,
+            topic,
+            args.subscription,
+            consumer_name=args.consumer_name,
+            sub_type=args.type,
+            start=consumer_start(args.start),
+            max_batch=args.max_batch,
+        )
+        for topic in topics
+    ]
+    batches: asyncio.Queue[tuple[Consumer, Batch] | BaseException] = asyncio.Queue()
+
+    async def read(consumer: Consumer) -> None:
+        try:
+            await consumer.start()
+            async for batch in consumer:
+                batches.put_nowait((consumer, batch))
+        except Exception as exc:
+            batches.put_nowait(exc)
+
+    readers = [asyncio.ensure_future(read(consumer)) for consumer in consumers]
+    try:
+        with ProgressLine("received", args.count) as progress:
+            while not args.count or progress.done < args.count:
+                item = await batches.get()
+                if isinstance(item, BaseException):
+                    raise item
+                consumer, batch = item
+                entries = batch.entries
+                if args.count:
+                    entries = entries[: args.count - progress.done]
+                if not args.quiet:
+                    sys.stdout.write(
+                        "".join(
+                            f"{batch.topic}@{entry.offset} [{entry.producer_name}] "
+                            f"{entry.payload.decode('utf-8', 'replace')}\n"
+                            for entry in entries
+                        )
+                    )
+                    sys.stdout.flush()
+                consumer.ack(Batch(batch.topic, entries))
+                progress.step(len(entries))
+    finally:
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+        for consumer in consumers:
+            await consumer.close()
+
+
 def _produce(args: argparse.Namespace) -> int:
-    return _run(_run_produce(args))
+    if args.client == "danube":
+        return run(_with_check(args, danube_client.produce(args)))
+    if args.non_reliable:
+        print(
+            "danube-ingest: error: --non-reliable needs --client danube (the batch path "
+            "creates topics reliable)",
+            file=sys.stderr,
+        )
+        return 2
+    return run(_produce_ingest(args))
 
 
 def _consume(args: argparse.Namespace) -> int:
-    return _run(_run_consume(args))
+    if args.client == "danube":
+        return run(_with_check(args, danube_client.consume(args)))
+    return run(_consume_ingest(args))
+
+
+async def _with_check(args: argparse.Namespace, command: Coroutine[Any, Any, None]) -> None:
+    try:
+        await check_reachable(args.service_url, args.connect_timeout)
+    except BaseException:
+        command.close()
+        raise
+    await command

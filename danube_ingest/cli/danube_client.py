@@ -1,0 +1,149 @@
+"""``produce`` / ``consume`` with ``--client danube``: through the real danube-client, one
+unary RPC per message and one per ack (Danube's own protocol, as any Danube application uses
+it)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import grpc
+from danube import (
+    ConsumerOptions,
+    DanubeClientBuilder,
+    DispatchStrategy,
+    ProducerOptions,
+    SubType,
+)
+from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import DanubeApi_pb2_grpc as pb_grpc
+
+from danube_ingest.broker.start import LATEST, METADATA_KEY, StartPosition
+from danube_ingest.cli.progress import ProgressLine
+
+SUB_TYPES = {
+    "exclusive": SubType.EXCLUSIVE,
+    "shared": SubType.SHARED,
+    "failover": SubType.FAILOVER,
+    "key_shared": SubType.KEY_SHARED,
+}
+
+
+def target(url: str) -> str:
+    """``host:port`` of a broker URL such as ``http://127.0.0.1:6650``."""
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+async def produce(args: argparse.Namespace) -> None:
+    """Send ``args.count`` messages one by one, each awaited (stored once it returns)."""
+    client = await DanubeClientBuilder().service_url(args.service_url).build()
+    builder = (
+        client.new_producer()
+        .with_topic(args.topic)
+        .with_name(args.producer_name)
+        .with_dispatch_strategy(
+            DispatchStrategy.NON_RELIABLE if args.non_reliable else DispatchStrategy.RELIABLE
+        )
+        .with_options(ProducerOptions())
+    )
+    if args.partitions:
+        builder = builder.with_partitions(args.partitions)
+    producer = builder.build()
+    await producer.create()
+    payload = b"x" * args.size if args.size else args.message.encode()
+    interval = 1.0 / args.rate if args.rate > 0 else 0.0
+    next_at = time.monotonic()
+    try:
+        with ProgressLine("sent", args.count) as progress:
+            for i in range(args.count):
+                attributes = {"seq": str(i)}
+                if args.key is not None:
+                    await producer.send_with_key(payload, attributes, args.key)
+                else:
+                    await producer.send(payload, attributes)
+                progress.step()
+                if interval:
+                    next_at += interval
+                    delay = next_at - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+    finally:
+        await producer.close()
+
+
+async def consume(args: argparse.Namespace) -> None:
+    """Receive, print (unless ``--quiet``) and acknowledge messages one by one."""
+    client = await DanubeClientBuilder().service_url(args.service_url).build()
+    consumer = (
+        client.new_consumer()
+        .with_topic(args.topic)
+        .with_consumer_name(args.consumer_name)
+        .with_subscription(args.subscription)
+        .with_subscription_type(SUB_TYPES[args.type])
+        .with_options(ConsumerOptions())
+        .build()
+    )
+    start: StartPosition = args.start
+    if start != LATEST:
+        await _create_subscription(args, start)
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    try:
+        with ProgressLine("received", args.count) as progress:
+            while not args.count or progress.done < args.count:
+                message = await queue.get()
+                if not args.quiet:
+                    text = message.payload.decode("utf-8", "replace")
+                    print(
+                        f"{message.msg_id.topic_name}@{message.msg_id.topic_offset} "
+                        f"[{message.producer_name}] {text}",
+                        flush=True,
+                    )
+                await consumer.ack(message)
+                progress.step()
+    finally:
+        await consumer.close()
+
+
+async def _create_subscription(args: argparse.Namespace, start: StartPosition) -> None:
+    """Subscribe once per partition with our start-position metadata, under the consumer name
+    danube-client then subscribes with (so it gets the same consumer id and takes over).
+
+    danube-client cannot send the position itself; this call creates the subscription at
+    ``start`` if it does not exist yet, and changes nothing for one that does.
+    """
+    metadata = ((METADATA_KEY, start.to_metadata()),)
+    async with grpc.aio.insecure_channel(target(args.service_url)) as channel:
+        discovery = pb_grpc.DiscoveryStub(channel)
+        request = pb.TopicLookupRequest(request_id=1, topic=args.topic)
+        partitions = list((await discovery.TopicPartitions(request)).partitions) or [args.topic]
+        for partition in partitions:
+            url = args.service_url
+            try:
+                lookup = await discovery.TopicLookup(
+                    pb.TopicLookupRequest(request_id=2, topic=partition)
+                )
+                url = lookup.connect_url or url
+            except grpc.aio.AioRpcError:
+                pass  # as danube-client does: fall back to the service URL
+            async with grpc.aio.insecure_channel(target(url)) as owner:
+                await pb_grpc.ConsumerServiceStub(owner).Subscribe(
+                    pb.ConsumerRequest(
+                        request_id=3,
+                        topic_name=partition,
+                        consumer_name=args.consumer_name,
+                        subscription=args.subscription,
+                        subscription_type=int(SUB_TYPES[args.type]),
+                    ),
+                    metadata=metadata,
+                )
+
+
+async def partitions(url: str, topic: str) -> list[str]:
+    """The topics to read for ``topic``: itself, or its ``-part-N`` partitions (NOT_FOUND as
+    ``grpc.aio.AioRpcError`` when neither exists)."""
+    async with grpc.aio.insecure_channel(target(url)) as channel:
+        discovery = pb_grpc.DiscoveryStub(channel)
+        request = pb.TopicLookupRequest(request_id=1, topic=topic)
+        return list((await discovery.TopicPartitions(request)).partitions) or [topic]
