@@ -36,8 +36,10 @@ from tests.analytics.tables_support import (
     run_conversion,
 )
 
-#: Intent lease of the child: short, so the parent sees it expire within seconds.
-INTENT_TTL = 2
+#: Intent lease of the child: short, so the parent sees it expire within seconds; not shorter,
+#: or a loaded machine can miss a keep-alive, expire the intent before the commit, and the
+#: run then takes its loser path (deleting its staging) instead of dying where it is told.
+INTENT_TTL = 6
 
 
 class DyingStore(ObjectStore):

@@ -187,7 +187,9 @@ async def test_second_broker_on_the_same_data_dir_fails_at_once_and_the_first_ke
 ) -> None:
     """Issue 11 item 2: the second process used to recover (rotate, delete) the first one's WAL
     segments, after which every publish to the first failed with INTERNAL."""
-    first = BrokerProcess(tmp_path / "data", etcd_server, prefix=etcd_prefix)
+    # No time-based segment roll by the first while the test compares the segment files.
+    no_roll = {"wal": {"segment_seconds": 3600}}
+    first = BrokerProcess(tmp_path / "data", etcd_server, prefix=etcd_prefix, storage=no_roll)
     await asyncio.to_thread(first.start)
     second = BrokerProcess(tmp_path / "data", etcd_server, broker_id="broker-2", prefix=etcd_prefix)
     try:

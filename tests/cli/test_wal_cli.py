@@ -93,10 +93,14 @@ def test_repair_refuses_a_wal_in_use(
     _write_wal(wal)
     port = free_port()
     log = tmp_path / "broker.log"
+    # No time-based segment roll while the test compares the segments' bytes.
+    config = tmp_path / "broker.yml"
+    config.write_text("storage:\n  wal:\n    segment_seconds: 3600\n")
     with log.open("wb") as out:
         broker = subprocess.Popen(
             [
                 *(sys.executable, "-m", "danube_ingest.cli", "broker", "--etcd", "memory"),
+                *("--config", str(config)),
                 *("--data-dir", str(tmp_path), "--listen", f"127.0.0.1:{port}"),
                 *("--metrics-listen", "127.0.0.1:0"),
             ],

@@ -346,6 +346,12 @@ def test_the_location_lists_the_parquet_asset_sensor_and_checks() -> None:
     repository = defs.get_repository_def()
     assert repository.has_sensor_def("parquet_topics_sensor")
     graph = defs.resolve_asset_graph()
-    keys = {check.name for check in graph.asset_check_keys}
-    assert keys == {"rows_match_offsets", "frontier_contiguous", "files_intact"}
+    keys = {(check.asset_key.path[-1], check.name) for check in graph.asset_check_keys}
+    parquet = {name for asset, name in keys if asset == "parquet_partitions"}
+    assert parquet == {"rows_match_offsets", "frontier_contiguous", "files_intact"}
+    # The other checks of the location: the object manifest's (assets/objects.py).
+    assert keys - {("parquet_partitions", n) for n in parquet} == {
+        ("object_manifest", "objects_intact"),
+        ("object_manifest", "ranges_contiguous"),
+    }
     assert json.dumps(sorted(str(k) for k in graph.get_all_asset_keys()))

@@ -126,7 +126,8 @@ async def test_when_a_stream_stops_its_last_appends_are_synced_without_waiting_o
 async def test_a_burst_whose_appenders_all_wait_is_synced_without_waiting_out_the_linger(
     tmp_path: Path, open_log: OpenLog
 ) -> None:
-    log = await open_log(tmp_path / "r0", linger_us=1_000_000)
+    # A linger far longer than any stall of a loaded machine, so "not waited out" is exact.
+    log = await open_log(tmp_path / "r0", linger_us=10_000_000)
     for _ in range(5):
         start = time.perf_counter()
         entries = [Entry(b"y" * 20) for _ in range(1024)]
@@ -134,8 +135,8 @@ async def test_a_burst_whose_appenders_all_wait_is_synced_without_waiting_out_th
             log.stage(TOPIC, entry)
         offsets = await asyncio.gather(*entries)
         assert offsets == sorted(offsets) and len(set(offsets)) == 1024
-        # Lingering (if at all) ends once no more appends arrive, far before the 1 s maximum.
-        assert time.perf_counter() - start < 0.5
+        # Lingering (if at all) ends once no more appends arrive, far before the 10 s maximum.
+        assert time.perf_counter() - start < 5
 
 
 async def test_a_large_group_is_written_at_once(
@@ -143,7 +144,7 @@ async def test_a_large_group_is_written_at_once(
 ) -> None:
     # A group of 64 KiB or more amortises its sync already: the writer does not wait for more,
     # even in the middle of a stream.
-    log = await open_log(tmp_path / "r0", linger_us=1_000_000)
+    log = await open_log(tmp_path / "r0", linger_us=10_000_000)
     start = time.perf_counter()
     for _ in range(20):
         log.stage(TOPIC, Entry(os.urandom(80 * 1024)))
@@ -151,5 +152,5 @@ async def test_a_large_group_is_written_at_once(
     last = Entry(b"last")
     log.stage(TOPIC, last)
     assert await last == 20
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 5  # the 10 s linger was never waited out
     assert len(fdatasyncs.calls) >= 5
