@@ -119,6 +119,22 @@ _HAS_KEY = 2
 _KINDS = frozenset(int(k) for k in Kind)
 
 
+#: The message fields of an Entry (what equality compares).
+_FIELDS = (
+    "attributes",
+    "ingest_ms",
+    "offset",
+    "payload",
+    "producer_id",
+    "producer_name",
+    "publish_ms",
+    "request_id",
+    "routing_key",
+    "schema_id",
+    "schema_version",
+)
+
+
 class Entry:
     """One stored message.
 
@@ -129,6 +145,9 @@ class Entry:
 
     __slots__ = (
         "_batch",
+        "_end",
+        "_src",
+        "_start",
         "attributes",
         "ingest_ms",
         "offset",
@@ -169,6 +188,11 @@ class Entry:
         self.offset = offset
         self.ingest_ms = ingest_ms
         self._batch: Any = None
+        # Decoded entries: the body they were decoded from and their span in it (the stored
+        # bytes, served again without re-encoding: see ``wal.block.served_block``).
+        self._src: bytes | None = None
+        self._start = 0
+        self._end = 0
 
     def __await__(self) -> Generator[Any, None, int]:
         """Wait until the store made this (appended) entry durable; return its offset."""
@@ -183,7 +207,7 @@ class Entry:
         return self.offset
 
     def _key(self) -> tuple[object, ...]:
-        return tuple(getattr(self, name) or None for name in self.__slots__[1:])
+        return tuple(getattr(self, name) or None for name in _FIELDS)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Entry) and self._key() == other._key()
@@ -535,6 +559,7 @@ def decode_messages(
                 pos += attr_size + klen + vlen
             pos += payload_len
         for _ in range(count):
+            start = pos
             (
                 ingest_ms,
                 publish_ms,
@@ -588,6 +613,9 @@ def decode_messages(
             entry.offset = offset
             entry.ingest_ms = ingest_ms
             entry._batch = None
+            entry._src = data
+            entry._start = start
+            entry._end = end
             append(entry)
             pos = end
             offset += 1
