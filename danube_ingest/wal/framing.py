@@ -524,14 +524,21 @@ def batch_header(body: memoryview | bytes) -> BatchHeader:
 
 
 def decode_messages(
-    body: memoryview | bytes, skip: int = 0, limit: int | None = None
+    body: memoryview | bytes,
+    skip: int = 0,
+    limit: int | None = None,
+    *,
+    resume: tuple[int, int] | None = None,
 ) -> tuple[BatchHeader, list[Entry]]:
     """Decode a MESSAGES body into its header and entries (offsets filled in).
 
     With ``skip`` and ``limit``, only entries ``[skip, skip + limit)`` are built (the ones
     skipped are only walked over; the body's end is checked only when the last entry is
-    decoded). The hot loop of every catch-up read: entries are built without a keyword call,
-    and a producer name equal to the previous entry's is not decoded again.
+    decoded). ``resume=(i, pos)``: entry ``i`` starts at byte ``pos`` of ``body`` (the ``_end``
+    of entry ``i - 1`` from an earlier decode of the same body), so the walk to ``skip`` starts
+    there (ignored unless ``0 < i <= skip``). The hot loop of every catch-up read: entries are
+    built without a keyword call, and a producer name equal to the previous entry's is not
+    decoded again.
     """
     header = batch_header(body)
     data = bytes(body)
@@ -543,6 +550,10 @@ def decode_messages(
     attr_unpack = _ATTR.unpack_from
     attr_size = _ATTR.size
     skip = min(max(skip, 0), header.num_entries)
+    walk = skip
+    if resume is not None and 0 < resume[0] <= skip:
+        walk = skip - resume[0]
+        pos = resume[1]
     count = header.num_entries - skip
     if limit is not None and limit < count:
         count = max(limit, 0)
@@ -551,7 +562,7 @@ def decode_messages(
     last_name_b = b""
     last_name = ""
     try:
-        for _ in range(skip):
+        for _ in range(walk):
             *_fields, name_len, key_len, attr_count, payload_len = unpack(data, pos)
             pos += entry_size + name_len + key_len
             for _a in range(attr_count):
