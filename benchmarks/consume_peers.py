@@ -150,6 +150,7 @@ async def drain_ours(url: str, topic: str, subscription: str, pid: int) -> dict[
         "msg_s": got / elapsed,
         "server_cpu_s": proc_cpu(pid) - daemon0,
         "client_cpu_s": own_cpu() - cpu0,
+        "daemon_rss_mib": rss(pid) / MIB,
     }
 
 
@@ -318,6 +319,7 @@ async def run() -> None:
                     say(
                         f"  round {r} {name}: {figure['msg_s']:,.0f} msg/s, server CPU "
                         f"{figure['server_cpu_s']:.2f} s, client CPU {figure['client_cpu_s']:.2f} s"
+                        f", daemon RSS {rss(broker.pid) / MIB:.0f} MiB"
                     )
             rss_points["after_drains"] = rss_split(broker.pid)
             memory: dict[str, Any] = await slow_consumer(broker.url, broker.pid)
