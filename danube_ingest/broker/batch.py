@@ -10,7 +10,9 @@ stream is not read further meanwhile (gRPC flow control then holds the client ba
 
 ``Consume``: a ``Subscribe`` first, then range acks; the daemon sends batches of deliveries
 (the subscription's dispatch: the same semantics as danube-client consumers) as entry blocks
-with each entry's offset.
+with each entry's offset. A batch's entries are sent as the bytes they are stored as (slices
+of the WAL frame, cached frame or object frame they were read from, ``wal.block.served_block``),
+not encoded again message by message.
 """
 
 from __future__ import annotations
@@ -36,8 +38,13 @@ from danube_ingest.dispatch import SubscriptionType
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.proto import ingest_pb2 as pb
 from danube_ingest.proto import ingest_pb2_grpc as pb_grpc
-from danube_ingest.wal.block import IDEMPOTENT_BIT, BlockLimits, EntryBlock, check_block
-from danube_ingest.wal.block import encode_block as encode_entries
+from danube_ingest.wal.block import (
+    IDEMPOTENT_BIT,
+    BlockLimits,
+    EntryBlock,
+    check_block,
+    served_block,
+)
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +206,7 @@ class IngestService(pb_grpc.IngestServiceServicer):
             yield pb.ConsumeResponse(topic=sub.topic, count=0, consumer_id=consumer_id)
             async for batch in self._manager.deliveries(consumer_id, max_batch):
                 entries = [delivery.entry for delivery in batch]
-                block, sizes = encode_entries(entries)
+                block, sizes = served_block(entries)
                 offsets = np.fromiter((e.offset for e in entries), dtype="<u8", count=len(entries))
                 yield pb.ConsumeResponse(
                     topic=sub.topic,

@@ -963,10 +963,7 @@ class TopicManager:
         sub = self._subscription_of(record.topic, record.subscription)
         if sub is None:
             return 0
-        held = handle.held(first, last)
-        for offset in held:
-            sub.ack(offset)
-        return len(held)
+        return sub.ack_many(handle.held(first, last))
 
     def ack(self, topic: str, subscription: str, offset: int) -> None:
         """Acknowledge a delivered offset; unknown acks are ignored."""

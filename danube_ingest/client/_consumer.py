@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
+from bisect import bisect_right
+from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -11,6 +15,7 @@ from typing import Any, Literal, Self
 
 import grpc
 import numpy as np
+import numpy.typing as npt
 
 from danube_ingest.client._errors import ConsumeError
 from danube_ingest.client._producer import target
@@ -27,6 +32,8 @@ _TYPES = {
 }
 _CUMULATIVE = frozenset({"exclusive", "failover"})
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class Batch:
@@ -41,6 +48,22 @@ class Batch:
         return [entry.offset for entry in self.entries]
 
 
+#: Stream failures after which the consumer subscribes again (``reconnect=True``): the daemon
+#: went away or restarted, the topic is moving, or the stream ended (shutdown, takeover).
+_RECONNECT = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.CANCELLED,
+    }
+)
+#: Shared / KeyShared: how many acked ranges are remembered to recognise redeliveries of
+#: acknowledged messages after a reconnect (an ack lost with the old stream).
+ACKED_RANGES_KEPT = 4096
+
+
 class Consumer:
     """One consumer of a subscription, receiving batches.
 
@@ -49,8 +72,18 @@ class Consumer:
     acknowledges them (Exclusive and Failover: cumulatively, everything delivered up to the
     batch's last offset; Shared and KeyShared: exactly the batch's offsets). Unacknowledged
     messages are redelivered as the subscription's dispatch rules say (ack timeout, detach).
-    The stream is not reconnected: a lost connection ends the iteration with
-    :class:`ConsumeError` (subscribe again; the subscription resumes after its cursor).
+
+    **Reconnect** (``reconnect=True``, the default): when the stream fails (UNAVAILABLE and the
+    other codes in ``_RECONNECT``) or ends, the consumer subscribes again under the same name,
+    with exponential backoff (``retry_backoff_ms`` doubling up to ``max_backoff_ms``), for at
+    most ``reconnect_timeout_s`` without success (then ``ConsumeError``). The subscription
+    resumes after its acknowledged messages: what this consumer held unacknowledged is
+    redelivered, and messages it acknowledged whose ack was lost with the old stream (the
+    daemon redelivers them) are acknowledged again and not returned a second time (Exclusive /
+    Failover: every offset up to the highest acked; Shared / KeyShared: the last
+    ``ACKED_RANGES_KEPT`` acked ranges). Two consumers of the same name take the stream from
+    each other; give each its own name. Errors that a retry cannot mend (a bad topic name,
+    INVALID_ARGUMENT, NOT_FOUND...) end the iteration with :class:`ConsumeError`.
     """
 
     def __init__(
@@ -65,6 +98,10 @@ class Consumer:
         key_filters: Iterable[str] = (),
         max_batch: int = 1000,
         channel: grpc.aio.Channel | None = None,
+        reconnect: bool = True,
+        retry_backoff_ms: float = 50.0,
+        max_backoff_ms: float = 2000.0,
+        reconnect_timeout_s: float = 60.0,
     ) -> None:
         self.topic = topic
         self.sub_type = sub_type
@@ -84,8 +121,21 @@ class Consumer:
         self._subscribe.start_value = value
         self._requests: asyncio.Queue[Any] = asyncio.Queue()
         self._call: Any = None
+        self._reconnect = reconnect
+        self._backoff = retry_backoff_ms / 1000.0
+        self._max_backoff = max_backoff_ms / 1000.0
+        self._reconnect_timeout = reconnect_timeout_s
+        self._closed = False
+        self._cumulative = sub_type in _CUMULATIVE
+        # Exclusive / Failover: the highest offset acked (every offset up to it is acked).
+        self._acked_upto = -1
+        # Shared / KeyShared: recently acked ranges; after a reconnect, those not yet seen again.
+        self._acked_ranges: deque[tuple[int, int]] = deque(maxlen=ACKED_RANGES_KEPT)
+        self._replay: list[tuple[int, int]] = []
+        self.reconnects = 0
+        """How many times the stream was opened again."""
         self.consumer_id = 0
-        """The daemon's id for this consumer (set by ``start``)."""
+        """The daemon's id for this consumer (set by ``start``, again on each reconnect)."""
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -101,25 +151,115 @@ class Consumer:
 
     async def start(self) -> None:
         """Open the stream and subscribe; returns once subscribed (``ConsumeError`` if the
-        daemon refuses)."""
+        daemon refuses; the first subscribe is not retried)."""
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(target(self._url))
+        await self._open()
+
+    async def _open(self) -> None:
+        assert self._channel is not None
+        # Acks still queued for the old stream go out on the new one, after the Subscribe.
+        pending = []
+        while not self._requests.empty():
+            request = self._requests.get_nowait()
+            if request is not None and request.WhichOneof("request") == "ack":
+                pending.append(request)
         self._requests.put_nowait(pb.ConsumeRequest(subscribe=self._subscribe))
+        for request in pending:
+            self._requests.put_nowait(request)
         stub = pb_grpc.IngestServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._call = stub.Consume(self._request_stream())
+        self._call = stub.Consume(self._request_stream(self._requests))
         subscribed = await self._read(None)
         self.consumer_id = subscribed.consumer_id
 
-    async def _request_stream(self) -> AsyncIterator[Any]:
+    async def _reopen(self, cause: ConsumeError) -> None:
+        """Subscribe again after ``cause`` broke the stream (backoff; ``cause`` if it cannot be
+        mended or no attempt succeeds within ``reconnect_timeout_s``)."""
+        deadline = time.monotonic() + self._reconnect_timeout
+        delay = self._backoff
         while True:
-            request = await self._requests.get()
+            if self._closed or not self._reconnect or cause.code not in _RECONNECT:
+                raise cause
+            log.info(
+                "consume stream lost, subscribing again topic=%s consumer=%s error=%s",
+                self.topic,
+                self._subscribe.consumer_name,
+                cause,
+            )
+            if self._call is not None:
+                self._call.cancel()
+            # The old stream's request iterator ends; the new one gets its own queue.
+            old, self._requests = self._requests, asyncio.Queue()
+            while not old.empty():
+                self._requests.put_nowait(old.get_nowait())
+            old.put_nowait(None)
+            await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
+            delay = min(delay * 2, self._max_backoff)
+            try:
+                await self._open()
+            except ConsumeError as exc:
+                if time.monotonic() >= deadline:
+                    raise exc from None
+                cause = exc
+                continue
+            self.reconnects += 1
+            self._replay = sorted(self._acked_ranges)
+            return
+
+    @staticmethod
+    async def _request_stream(requests: asyncio.Queue[Any]) -> AsyncIterator[Any]:
+        while True:
+            request = await requests.get()
             if request is None:
                 return
             yield request
 
     async def receive(self, timeout: float | None = None) -> Batch:
-        """The next batch (waits for one; ``TimeoutError`` after ``timeout`` seconds)."""
-        return Batch(self.topic, decode_batch(await self._read(timeout)))
+        """The next batch (waits for one; ``TimeoutError`` after ``timeout`` seconds; a
+        reconnect happens within that time)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                try:
+                    response = await self._read(None)
+                except ConsumeError as exc:
+                    await self._reopen(exc)
+                    continue
+                offsets = np.frombuffer(response.offsets, dtype="<u8")
+                if response.count and self._seen_before(offsets):
+                    entries = self._unseen(decode_batch(response))
+                    if not entries:
+                        continue
+                    return Batch(self.topic, entries)
+                return Batch(self.topic, decode_batch(response))
+
+    def _seen_before(self, offsets: npt.NDArray[np.uint64]) -> bool:
+        if self._cumulative:
+            return self._acked_upto >= 0 and int(offsets.min()) <= self._acked_upto
+        return bool(self._replay)
+
+    def _unseen(self, entries: list[Entry]) -> list[Entry]:
+        """``entries`` without those acked before (acked again now: a redelivery after a
+        reconnect of a message whose ack was lost)."""
+        if self._cumulative:
+            upto = self._acked_upto
+            if any(entry.offset <= upto for entry in entries):
+                self._ack(0, upto)
+            return [entry for entry in entries if entry.offset > upto]
+        replay = self._replay
+        firsts = [first for first, _ in replay]
+        fresh: list[Entry] = []
+        seen = False
+        for entry in entries:
+            i = bisect_right(firsts, entry.offset) - 1
+            if i >= 0 and entry.offset <= replay[i][1]:
+                self._ack(entry.offset, entry.offset)
+                seen = True
+            else:
+                fresh.append(entry)
+        if not seen:
+            # Redeliveries come before new messages: a batch without any ends the replay.
+            self._replay = []
+        return fresh
 
     async def _read(self, timeout: float | None) -> Any:
         try:
@@ -141,15 +281,20 @@ class Consumer:
         offsets = sorted(batch.offsets)
         if not offsets:
             return
-        if self.sub_type in _CUMULATIVE:
+        if self._cumulative:
+            self._acked_upto = max(self._acked_upto, offsets[-1])
             self._ack(offsets[0], offsets[-1])
             return
         first = last = offsets[0]
         for offset in offsets[1:]:
             if offset != last + 1:
-                self._ack(first, last)
+                self._acked(first, last)
                 first = offset
             last = offset
+        self._acked(first, last)
+
+    def _acked(self, first: int, last: int) -> None:
+        self._acked_ranges.append((first, last))
         self._ack(first, last)
 
     def _ack(self, first: int, last: int) -> None:
@@ -157,6 +302,7 @@ class Consumer:
 
     async def close(self) -> None:
         """End the stream (acks queued before are sent first) and close the channel."""
+        self._closed = True
         self._requests.put_nowait(None)
         if self._call is not None:
             with contextlib.suppress(asyncio.TimeoutError, grpc.aio.AioRpcError):

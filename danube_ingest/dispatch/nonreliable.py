@@ -112,6 +112,10 @@ class NonReliableSubscription:
         """No-op: non-reliable deliveries are not tracked."""
         return False
 
+    def ack_many(self, offsets: Iterable[int]) -> int:
+        """No-op: non-reliable deliveries are not tracked."""
+        return 0
+
     def nack(self, offset: int, delay_ms: int | None = None, reason: str | None = None) -> bool:
         """No-op: non-reliable deliveries are never redelivered."""
         return False

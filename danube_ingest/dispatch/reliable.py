@@ -331,6 +331,29 @@ class ReliableSubscription:
         self._dispatch()
         return True
 
+    def ack_many(self, offsets: Iterable[int]) -> int:
+        """Settle each of ``offsets`` as :meth:`ack` does (unknown or settled ones are ignored);
+        returns how many were settled. The same result as acking them one by one, dispatching
+        once at the end (a range ack of a batch consumer)."""
+        if self._closed:
+            return 0
+        unacked = self._unacked
+        now = self._clock.now()
+        settled = 0
+        for offset in offsets:
+            message = unacked.get(offset)
+            if message is None:
+                continue
+            settled += 1
+            if message.consumer is not None:
+                message.consumer.progress_at = now
+            self._settle(message, advance=False)
+        if settled:
+            self.stats.acked += settled
+            self._advance_cursor()
+            self._dispatch()
+        return settled
+
     def nack(self, offset: int, delay_ms: int | None = None, reason: str | None = None) -> bool:
         """Fail the current delivery of ``offset``: it is redelivered after
         ``min(redelivery_max, max(nack_base_delay, delay_ms, backoff(attempt)))``, or the
@@ -466,6 +489,7 @@ class ReliableSubscription:
         ready = self._ready
         members = self._members
         shared = self.sub_type is SubscriptionType.SHARED
+        now = self._clock.now()  # (one reading per pass: deliveries of a pass share it)
         while ready:
             offset = ready[0]
             message = self._unacked.get(offset)
@@ -485,9 +509,10 @@ class ReliableSubscription:
             if target is None:
                 break  # no consumer has room
             heapq.heappop(ready)
-            self._deliver(message, target)
+            self._deliver(message, target, now)
 
     def _dispatch_by_key(self) -> None:
+        now = self._clock.now()
         for handle in self._members.handles:
             heap = self._assigned.get(handle.consumer_id)
             if not heap:
@@ -501,7 +526,7 @@ class ReliableSubscription:
                 if self._blocked and not message.dispatched:
                     held_back.append(offset)  # Block policy: nothing new goes out
                     continue
-                self._deliver(message, handle)
+                self._deliver(message, handle, now)
             for offset in held_back:
                 heapq.heappush(heap, offset)
 
@@ -531,12 +556,11 @@ class ReliableSubscription:
         else:
             self._can_read.clear()
 
-    def _deliver(self, message: _Message, handle: ConsumerHandle) -> None:
+    def _deliver(self, message: _Message, handle: ConsumerHandle, now: float) -> None:
         offset = message.entry.offset
         message.state = _State.DELIVERED
         message.consumer = handle
         message.dispatched = True
-        now = self._clock.now()
         message.due = now + self.policy.ack_timeout_s
         self._deadlines[offset] = message
         if not handle._window:
@@ -582,14 +606,15 @@ class ReliableSubscription:
 
     # -- settling and failing ---------------------------------------------------------------
 
-    def _settle(self, message: _Message) -> None:
+    def _settle(self, message: _Message, advance: bool = True) -> None:
         if message.consumer is not None:
             self._undeliver(message)
         message.state = _State.SETTLED
         offset = message.entry.offset
         del self._unacked[offset]
         self._blocked.discard(offset)
-        self._advance_cursor()
+        if advance:
+            self._advance_cursor()
 
     def _advance_cursor(self) -> None:
         cursor = next(iter(self._unacked)) if self._unacked else self._read_next

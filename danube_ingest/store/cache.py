@@ -38,7 +38,7 @@ Block = Sequence[Entry] | bytes
 
 
 class _TopicCache:
-    __slots__ = ("blocks", "bodies", "firsts", "head", "nbytes", "next_offset", "sizes")
+    __slots__ = ("blocks", "bodies", "firsts", "head", "nbytes", "next_offset", "resume", "sizes")
 
     def __init__(self) -> None:
         self.blocks: list[Block] = []
@@ -49,10 +49,28 @@ class _TopicCache:
         self.head = 0
         self.nbytes = 0
         self.next_offset = -1
+        # Where the last read of a cold block stopped: (block, entry index, byte position), so
+        # that the next read of it (a reader going on from there) does not walk the block from
+        # its start again.
+        self.resume: tuple[bytes, int, int] | None = None
+
+    def entries(self, i: int, skip: int, limit: int) -> Sequence[Entry]:
+        """Entries ``[skip, skip + limit)`` of block ``i``, decoded if it is cold."""
+        block = self.blocks[i]
+        if not isinstance(block, bytes):
+            return block[skip : skip + limit]
+        resume = self.resume
+        hint = (resume[1], resume[2]) if resume is not None and resume[0] is block else None
+        part = decode_messages(block, skip, limit, resume=hint)[1]
+        if part:
+            self.resume = (block, skip + len(part), part[-1]._end)
+        return part
 
     def evict_one(self) -> int:
         head = self.head
         size = self.sizes[head]
+        if self.resume is not None and self.resume[0] is self.blocks[head]:
+            self.resume = None
         self.blocks[head] = ()
         self.bodies[head] = None
         self.head = head + 1
@@ -76,6 +94,7 @@ class _TopicCache:
             self.bodies[i] = None
 
     def clear(self) -> None:
+        self.resume = None
         self.blocks = []
         self.bodies = []
         self.firsts = []
@@ -86,13 +105,6 @@ class _TopicCache:
     @property
     def nblocks(self) -> int:
         return len(self.blocks) - self.head
-
-
-def _entries(block: Block, skip: int, limit: int) -> Sequence[Entry]:
-    """Entries ``[skip, skip + limit)`` of a block, decoded if it is cold."""
-    if isinstance(block, bytes):
-        return decode_messages(block, skip, limit)[1]
-    return block[skip : skip + limit]
 
 
 class WALCache:
@@ -177,11 +189,11 @@ class WALCache:
             CACHE_MISSES.inc()
             return []
         CACHE_HITS.inc()
-        blocks = cache.blocks
-        out = list(_entries(blocks[i], offset - firsts[i], limit))
+        nblocks = len(cache.blocks)
+        out = list(cache.entries(i, offset - firsts[i], limit))
         i += 1
-        while len(out) < limit and i < len(blocks):
-            out.extend(_entries(blocks[i], 0, limit - len(out)))
+        while len(out) < limit and i < nblocks:
+            out.extend(cache.entries(i, 0, limit - len(out)))
             i += 1
         return out
 

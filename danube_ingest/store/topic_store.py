@@ -782,6 +782,9 @@ class TopicReader:
                     self._next = batch[-1].offset + 1
                     return batch
                 continue
+            # Caught up: what an object cursor holds (decoded reads and prefetches, up to
+            # ``prefetch + 1`` reads) is not needed while waiting, possibly for a long time.
+            self._close_cold()
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             topic.waiters.append(waiter)
             self._waiter = waiter

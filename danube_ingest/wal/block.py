@@ -184,6 +184,42 @@ def encode_block(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
     return block, entry_sizes(block, len(entries)).astype("<u4").tobytes()
 
 
+def served_block(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
+    """The entry block of ``entries`` as they are stored; returns ``(block, sizes)``.
+
+    Entries decoded from a stored frame (a WAL segment, the cache, an object) are served as the
+    bytes they were stored as, without encoding each one: a run of entries that lie next to each
+    other in one frame body (a frame the consumer gets whole, or a part of one) is one slice of
+    it. The result equals ``encode_block(entries)`` (the stored bytes are that encoding,
+    stamped fields included). Entries that were never stored and decoded (appended as objects
+    and still among the cache's newest) make the whole batch go through ``encode_block``.
+    """
+    if not entries:
+        raise ValueError("an entry block needs at least one entry")
+    parts: list[bytes] = []
+    sizes = np.empty(len(entries), dtype="<u4")
+    src: bytes | None = None
+    run_start = run_end = 0
+    for i, entry in enumerate(entries):
+        source = entry._src
+        if source is None:
+            return encode_block(entries)
+        start = entry._start
+        end = entry._end
+        sizes[i] = end - start
+        if source is src and start == run_end:
+            run_end = end
+            continue
+        if src is not None:
+            parts.append(src[run_start:run_end])
+        src, run_start, run_end = source, start, end
+    assert src is not None
+    if not parts:
+        return src[run_start:run_end], sizes.tobytes()
+    parts.append(src[run_start:run_end])
+    return b"".join(parts), sizes.tobytes()
+
+
 def entry_sizes(block: bytes | bytearray | memoryview, count: int) -> npt.NDArray[np.int64]:
     """Each entry's size, walking the block (for a block that came without its size table)."""
     sizes = np.empty(count, dtype=np.int64)

@@ -119,6 +119,22 @@ _HAS_KEY = 2
 _KINDS = frozenset(int(k) for k in Kind)
 
 
+#: The message fields of an Entry (what equality compares).
+_FIELDS = (
+    "attributes",
+    "ingest_ms",
+    "offset",
+    "payload",
+    "producer_id",
+    "producer_name",
+    "publish_ms",
+    "request_id",
+    "routing_key",
+    "schema_id",
+    "schema_version",
+)
+
+
 class Entry:
     """One stored message.
 
@@ -129,6 +145,9 @@ class Entry:
 
     __slots__ = (
         "_batch",
+        "_end",
+        "_src",
+        "_start",
         "attributes",
         "ingest_ms",
         "offset",
@@ -169,6 +188,11 @@ class Entry:
         self.offset = offset
         self.ingest_ms = ingest_ms
         self._batch: Any = None
+        # Decoded entries: the body they were decoded from and their span in it (the stored
+        # bytes, served again without re-encoding: see ``wal.block.served_block``).
+        self._src: bytes | None = None
+        self._start = 0
+        self._end = 0
 
     def __await__(self) -> Generator[Any, None, int]:
         """Wait until the store made this (appended) entry durable; return its offset."""
@@ -183,7 +207,7 @@ class Entry:
         return self.offset
 
     def _key(self) -> tuple[object, ...]:
-        return tuple(getattr(self, name) or None for name in self.__slots__[1:])
+        return tuple(getattr(self, name) or None for name in _FIELDS)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Entry) and self._key() == other._key()
@@ -500,14 +524,21 @@ def batch_header(body: memoryview | bytes) -> BatchHeader:
 
 
 def decode_messages(
-    body: memoryview | bytes, skip: int = 0, limit: int | None = None
+    body: memoryview | bytes,
+    skip: int = 0,
+    limit: int | None = None,
+    *,
+    resume: tuple[int, int] | None = None,
 ) -> tuple[BatchHeader, list[Entry]]:
     """Decode a MESSAGES body into its header and entries (offsets filled in).
 
     With ``skip`` and ``limit``, only entries ``[skip, skip + limit)`` are built (the ones
     skipped are only walked over; the body's end is checked only when the last entry is
-    decoded). The hot loop of every catch-up read: entries are built without a keyword call,
-    and a producer name equal to the previous entry's is not decoded again.
+    decoded). ``resume=(i, pos)``: entry ``i`` starts at byte ``pos`` of ``body`` (the ``_end``
+    of entry ``i - 1`` from an earlier decode of the same body), so the walk to ``skip`` starts
+    there (ignored unless ``0 < i <= skip``). The hot loop of every catch-up read: entries are
+    built without a keyword call, and a producer name equal to the previous entry's is not
+    decoded again.
     """
     header = batch_header(body)
     data = bytes(body)
@@ -519,6 +550,10 @@ def decode_messages(
     attr_unpack = _ATTR.unpack_from
     attr_size = _ATTR.size
     skip = min(max(skip, 0), header.num_entries)
+    walk = skip
+    if resume is not None and 0 < resume[0] <= skip:
+        walk = skip - resume[0]
+        pos = resume[1]
     count = header.num_entries - skip
     if limit is not None and limit < count:
         count = max(limit, 0)
@@ -527,7 +562,7 @@ def decode_messages(
     last_name_b = b""
     last_name = ""
     try:
-        for _ in range(skip):
+        for _ in range(walk):
             *_fields, name_len, key_len, attr_count, payload_len = unpack(data, pos)
             pos += entry_size + name_len + key_len
             for _a in range(attr_count):
@@ -535,6 +570,7 @@ def decode_messages(
                 pos += attr_size + klen + vlen
             pos += payload_len
         for _ in range(count):
+            start = pos
             (
                 ingest_ms,
                 publish_ms,
@@ -588,6 +624,9 @@ def decode_messages(
             entry.offset = offset
             entry.ingest_ms = ingest_ms
             entry._batch = None
+            entry._src = data
+            entry._start = start
+            entry._end = end
             append(entry)
             pos = end
             offset += 1

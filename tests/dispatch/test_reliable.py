@@ -72,6 +72,29 @@ async def test_out_of_order_acks_advance_the_cursor_past_contiguous_acks(
     assert handle.in_flight == 0
 
 
+async def test_a_range_ack_settles_like_single_acks_and_dispatches_once(
+    harness: Harness,
+) -> None:
+    """``ack_many`` (a batch consumer's range ack): the same settled set, cursor and counts as
+    acking one by one; unknown and settled offsets ignored; the window refills after it."""
+    policy = DispatchPolicy(ack_timeout_s=30, max_unacked=4)
+    subscription = harness.subscribe("sub", SHARED, policy=policy)
+    handle = subscription.attach(1, "a")
+    await harness.publish(10)
+    assert await offsets(handle, 4) == [0, 1, 2, 3]
+    assert subscription.ack_many([1, 3, 99]) == 2
+    assert subscription.cursor == 0 and handle.in_flight == 2
+    assert await offsets(handle, 2) == [4, 5]  # the window refilled
+    assert subscription.ack_many(range(0, 6)) == 4  # 1 and 3 are settled already
+    assert subscription.cursor == 6
+    assert harness.cursors["sub"] == [6]  # the cursor moved once, to its final place
+    assert subscription.stats.acked == 6
+    assert await offsets(handle, 4) == [6, 7, 8, 9]
+    assert subscription.ack_many([]) == 0
+    await subscription.close()
+    assert subscription.ack_many([6, 7]) == 0  # closed: its successor redelivers them
+
+
 async def test_ack_of_a_queued_delivery_withdraws_it(harness: Harness) -> None:
     subscription = harness.subscribe("sub", EXCLUSIVE)
     handle = subscription.attach(1, "a")

@@ -96,6 +96,33 @@ async def test_batch_path_blocks_are_uploaded_and_read_back_from_objects(
     assert {(e.producer_id, e.request_id) for e in got[100:200]} == {(pid, 1)}
 
 
+async def test_a_reader_caught_up_after_objects_holds_no_object_cursor(
+    stack: ColdStack,
+) -> None:
+    """A reader that read a topic from objects to its end and waits for appends lets go of
+    its object cursor (decoded reads and prefetches: up to 3 x 4 MiB per reader, held by
+    every idle subscription otherwise), and still reads what comes next."""
+    await stack.acquire(T)
+    stack.uploader.start()
+    sent = payloads(T, 300)
+    await stack.append(T, sent[:200])
+    await stack.seal_and_upload()
+    assert await prune_all(stack, T)
+    meta = stack.store.regions[0].topic(T)
+    assert meta is not None
+    stack.store.cache.drop(meta)  # (so the read below comes from objects)
+    reader = stack.store.create_reader(T, 0, max_batch=64)
+    assert [e.offset for e in await read_n(reader, 200)] == list(range(200))
+    waiting = asyncio.ensure_future(reader.next_batch())
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and reader._cold is None
+    await stack.append(T, sent[200:])
+    got = await waiting
+    got += await read_n(reader, 100 - len(got))
+    assert [e.payload for e in got] == sent[200:]
+    reader.close()
+
+
 async def test_reader_in_memory_order_when_segments_are_pruned_under_it(
     stack: ColdStack,
 ) -> None:

@@ -20,8 +20,9 @@ from danube_ingest.wal.block import (
     check_block,
     encode_block,
     entry_sizes,
+    served_block,
 )
-from danube_ingest.wal.framing import Entry
+from danube_ingest.wal.framing import Entry, decode_messages, messages_frame
 from danube_ingest.wal.meta import PRODUCER_WINDOW
 
 OpenStore = Callable[..., Awaitable[TopicStore]]
@@ -233,3 +234,30 @@ def test_equal_size_entries_take_the_strided_path_with_the_same_checks_and_stamp
     broken[3 * size + 44] = 0x10
     with pytest.raises(InvalidEntryError, match="entry 3 of the batch: unknown flags"):
         check_block(broken, sizes, 50, LIMITS)
+
+
+def test_decoded_entries_are_served_as_their_stored_bytes() -> None:
+    """What Consume sends: stored entries as slices of the frame they were decoded from, equal
+    to encoding them again, in any order and across frames; never-stored entries are encoded."""
+    stored = entries(9)
+    for i, entry in enumerate(stored):
+        entry.offset, entry.ingest_ms, entry.producer_id, entry.request_id = i, 77, PID, 4
+    body = b"".join(messages_frame(0, 0, stored[:6])[1:])
+    other = b"".join(messages_frame(0, 6, stored[6:])[1:])
+    decoded = decode_messages(body)[1] + decode_messages(other)[1]
+    whole, sizes = served_block(decoded[:6])
+    # A whole frame's entries are its entry section, one slice of the stored body.
+    assert whole == body[len(body) - len(whole) :] and whole == encode_block(stored[:6])[0]
+    assert sizes == encode_block(stored[:6])[1]
+    assert len(whole) == sum(entry_sizes(whole, 6))
+    cases = [
+        decoded[2:4],  # part of one frame
+        decoded,  # two frames
+        decoded[::2] + decoded[1::2],  # Shared / redelivery order: many runs
+        decoded[7:] + decoded[:3],  # a later frame first
+        [decoded[0], stored[4], decoded[5]],  # a never-decoded entry: encoded instead
+    ]
+    for case in cases:
+        assert served_block(case) == encode_block(case)
+    with pytest.raises(ValueError):
+        served_block([])
