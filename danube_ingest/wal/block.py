@@ -70,6 +70,8 @@ _REQUEST_AT = 24
 _KNOWN_FLAGS = 1 | 2
 _HAS_KEY = 2
 _ATTR = struct.Struct("<HI")
+#: An entry header without its last field (payload_len).
+_PREFIX = struct.Struct("<qqQQQIBHHH")
 _BATCH = struct.Struct("<IQIqq")
 _BYTE8 = np.arange(8, dtype=np.int64)
 _HEADER_BYTES = np.arange(ENTRY_HEADER_SIZE, dtype=np.int64)
@@ -218,6 +220,58 @@ def served_block(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
         return src[run_start:run_end], sizes.tobytes()
     parts.append(src[run_start:run_end])
     return b"".join(parts), sizes.tobytes()
+
+
+def encode_payloads(
+    payloads: Sequence[bytes],
+    *,
+    publish_ms: int = 0,
+    producer_name: str = "",
+    routing_key: str | None = None,
+) -> tuple[bytes, bytes]:
+    """Encode plain messages (a payload each; one publish time, producer name and routing key
+    for all; no attributes, no schema) as an entry block; returns ``(block, sizes)``.
+
+    The result is byte for byte what :func:`encode_block` makes of the same messages as
+    :class:`Entry` objects, without building them: the fixed part of every entry header is
+    packed once, and when all payloads have the same length (the common case of a bulk send)
+    the block is filled as one ``(count, size)`` numpy array. Raises :class:`InvalidEntryError`
+    for a name or key longer than its header field holds, ValueError for no payloads.
+    """
+    count = len(payloads)
+    if not count:
+        raise ValueError("an entry block needs at least one entry")
+    name_b = producer_name.encode()
+    key_b = b"" if routing_key is None else routing_key.encode()
+    if len(name_b) > 0xFFFF or len(key_b) > 0xFFFF:
+        raise InvalidEntryError(
+            f"producer name ({len(name_b)} bytes) and routing key ({len(key_b)} bytes) must "
+            f"each fit in 65,535 bytes"
+        )
+    flags = 0 if routing_key is None else _HAS_KEY
+    fixed = _PREFIX.pack(0, publish_ms, 0, 0, 0, 0, flags, len(name_b), len(key_b), 0)
+    text = name_b + key_b
+    lengths = set(map(len, payloads))
+    if len(lengths) == 1:
+        (payload_len,) = lengths
+        head = fixed + payload_len.to_bytes(4, "little") + text
+        size = len(head) + payload_len
+        rows = np.empty((count, size), dtype=np.uint8)
+        rows[:, : len(head)] = np.frombuffer(head, dtype=np.uint8)
+        if payload_len:
+            joined = b"".join(payloads)
+            rows[:, len(head) :] = np.frombuffer(joined, dtype=np.uint8).reshape(count, -1)
+        return rows.tobytes(), np.full(count, size, dtype="<u4").tobytes()
+    block = b"".join(
+        [
+            piece
+            for payload in payloads
+            for piece in (fixed, len(payload).to_bytes(4, "little"), text, payload)
+        ]
+    )
+    sizes = np.fromiter(map(len, payloads), dtype=np.int64, count=count)
+    sizes += ENTRY_HEADER_SIZE + len(text)
+    return block, sizes.astype("<u4").tobytes()
 
 
 def entry_sizes(block: bytes | bytearray | memoryview, count: int) -> npt.NDArray[np.int64]:

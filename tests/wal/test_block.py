@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from danube_ingest.errors import DuplicateSequenceError, InvalidEntryError, SequenceGapError
 from danube_ingest.store import TopicStore
@@ -19,6 +21,7 @@ from danube_ingest.wal.block import (
     BlockLimits,
     check_block,
     encode_block,
+    encode_payloads,
     entry_sizes,
     served_block,
 )
@@ -261,3 +264,36 @@ def test_decoded_entries_are_served_as_their_stored_bytes() -> None:
         assert served_block(case) == encode_block(case)
     with pytest.raises(ValueError):
         served_block([])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    payloads=st.one_of(
+        st.integers(0, 300).flatmap(
+            lambda n: st.lists(st.binary(min_size=n, max_size=n), min_size=1, max_size=40)
+        ),
+        st.lists(st.binary(max_size=300), min_size=1, max_size=40),
+    ),
+    name=st.text(max_size=20),
+    key=st.none() | st.text(max_size=20),
+    publish_ms=st.integers(0, 2**62),
+)
+def test_encode_payloads_is_encode_block_of_the_same_messages(
+    payloads: list[bytes], name: str, key: str | None, publish_ms: int
+) -> None:
+    """The bulk encoder (numpy rows for equal sizes, one join otherwise) builds exactly the
+    block and size table of Entry objects, and the daemon's check accepts it."""
+    got = encode_payloads(payloads, publish_ms=publish_ms, producer_name=name, routing_key=key)
+    entries = [
+        Entry(p, publish_ms=publish_ms, producer_name=name, routing_key=key) for p in payloads
+    ]
+    assert got == encode_block(entries)
+    block = check_block(bytearray(got[0]), got[1], len(payloads), BlockLimits(10_000, 16))
+    assert [e.payload for e in block.entries(0)] == payloads
+
+
+def test_encode_payloads_refuses_nothing_and_overlong_names() -> None:
+    with pytest.raises(ValueError, match="at least one entry"):
+        encode_payloads([])
+    with pytest.raises(InvalidEntryError, match="65,535 bytes"):
+        encode_payloads([b"x"], routing_key="k" * 70_000)
