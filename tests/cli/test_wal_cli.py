@@ -83,6 +83,20 @@ def test_missing_wal_dir_is_a_usage_error(
     assert "no WAL directory" in capsys.readouterr().err
 
 
+def _settled(region: Path) -> dict[str, bytes]:
+    """The region's segments once the broker's own start-up work on them (a new active
+    segment, its checkpoint) is over: two reads half a second apart agree."""
+    deadline = time.monotonic() + 20
+    previous = None
+    while True:
+        current = {p.name: p.read_bytes() for p in region.glob("*.wal")}
+        if current == previous:
+            return current
+        assert time.monotonic() < deadline, "the broker kept changing its WAL"
+        previous = current
+        time.sleep(0.5)
+
+
 @pytest.mark.parametrize("flag", ["--wal-dir", "--data-dir"])
 def test_repair_refuses_a_wal_in_use(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
@@ -93,9 +107,9 @@ def test_repair_refuses_a_wal_in_use(
     _write_wal(wal)
     port = free_port()
     log = tmp_path / "broker.log"
-    # No time-based segment roll while the test compares the segments' bytes.
+    # No upload, cleaning or time-based segment roll while the test compares the segments.
     config = tmp_path / "broker.yml"
-    config.write_text("storage:\n  wal:\n    segment_seconds: 3600\n")
+    config.write_text("storage:\n  mode: local_only\n  wal:\n    segment_seconds: 3600\n")
     with log.open("wb") as out:
         broker = subprocess.Popen(
             [
@@ -112,7 +126,7 @@ def test_repair_refuses_a_wal_in_use(
         while "serving on" not in log.read_text(errors="replace"):
             assert broker.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
-        before = {p.name: p.read_bytes() for p in (wal / "r0").glob("*.wal")}
+        before = _settled(wal / "r0")
         target = str(wal) if flag == "--wal-dir" else str(tmp_path)
         assert main(["wal", "repair", flag, target, "--yes"]) == 2
         err = capsys.readouterr().err
