@@ -59,6 +59,8 @@ _RECONNECT = frozenset(
         grpc.StatusCode.CANCELLED,
     }
 )
+#: Seconds ``close`` waits for the daemon to apply the acks sent before it.
+CLOSE_TIMEOUT = 5.0
 #: Shared / KeyShared: how many acked ranges are remembered to recognise redeliveries of
 #: acknowledged messages after a reconnect (an ack lost with the old stream).
 ACKED_RANGES_KEPT = 4096
@@ -132,6 +134,7 @@ class Consumer:
         # Shared / KeyShared: recently acked ranges; after a reconnect, those not yet seen again.
         self._acked_ranges: deque[tuple[int, int]] = deque(maxlen=ACKED_RANGES_KEPT)
         self._replay: list[tuple[int, int]] = []
+        self._reading: tuple[Any, asyncio.Future[Any]] | None = None
         self.reconnects = 0
         """How many times the stream was opened again."""
         self.consumer_id = 0
@@ -262,10 +265,19 @@ class Consumer:
         return fresh
 
     async def _read(self, timeout: float | None) -> Any:
+        # A read that is cancelled (a ``receive`` timing out, the task awaiting it cancelled)
+        # would cancel the whole call, and with it the acks still queued for the stream: the
+        # read is shielded and taken up by the next ``_read`` instead.
+        call = self._call
+        if self._reading is None or self._reading[0] is not call:
+            self._reading = (call, asyncio.ensure_future(call.read()))
+        reading = self._reading[1]
         try:
-            response = await asyncio.wait_for(self._call.read(), timeout)
+            response = await asyncio.wait_for(asyncio.shield(reading), timeout)
         except grpc.aio.AioRpcError as exc:
+            self._reading = None
             raise ConsumeError(exc.code(), exc.details() or "", self.topic) from None
+        self._reading = None
         if response is grpc.aio.EOF:
             raise ConsumeError(grpc.StatusCode.UNAVAILABLE, "the stream ended", self.topic)
         return response
@@ -300,20 +312,24 @@ class Consumer:
     def _ack(self, first: int, last: int) -> None:
         self._requests.put_nowait(pb.ConsumeRequest(ack=pb.RangeAck(first=first, last=last)))
 
-    async def close(self) -> None:
-        """End the stream (acks queued before are sent first) and close the channel."""
+    async def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """End the stream and close the channel. Acks queued before are applied by the daemon
+        before the stream ends (it ends the stream once it has read them), unless that takes
+        longer than ``timeout`` seconds (a daemon away): then the stream is cancelled, and what
+        was not applied is redelivered."""
+        if self._closed:
+            return
         self._closed = True
         self._requests.put_nowait(None)
         if self._call is not None:
             with contextlib.suppress(asyncio.TimeoutError, grpc.aio.AioRpcError):
-                await asyncio.wait_for(self._drained(), 1.0)
+                await asyncio.wait_for(self._call.code(), timeout)
             self._call.cancel()
+        if self._reading is not None:
+            self._reading[1].cancel()
+            self._reading = None
         if self._own_channel and self._channel is not None:
             await self._channel.close()
-
-    async def _drained(self) -> None:
-        while not self._requests.empty():
-            await asyncio.sleep(0.01)
 
 
 def decode_batch(response: Any) -> list[Entry]:

@@ -15,7 +15,7 @@ from crc32c import crc32c
 from danube import SubType
 
 from danube_ingest.broker.server import Broker
-from danube_ingest.client import ConsumeError, Consumer, Producer, new_producer_id
+from danube_ingest.client import Batch, ConsumeError, Consumer, Producer, new_producer_id
 from danube_ingest.client import SubType as BatchSubType
 from danube_ingest.proto import ingest_pb2 as ipb
 from danube_ingest.proto import ingest_pb2_grpc as ipb_grpc
@@ -274,3 +274,34 @@ async def test_bad_subscribes_are_refused_and_create_nothing(
     expected = grpc.StatusCode.NOT_FOUND if "missing" in topic else grpc.StatusCode.INVALID_ARGUMENT
     assert refused.value.code == expected
     assert "/default/batch-missing" not in broker.manager._topics
+
+
+async def test_acks_before_close_are_applied_when_the_receiving_task_was_cancelled(
+    broker: Broker,
+) -> None:
+    """An application's receiving task cancelled at shutdown, then ``close``: the acks it made
+    are applied (a cancelled read used to cancel the call and drop them: all redelivered), and
+    a ``receive`` that timed out did not break the stream."""
+    topic = "/default/batch-close-acks"
+    async with Producer(broker.url, topic) as producer:
+        await asyncio.gather(*[await producer.send(b"%d" % i) for i in range(300)])
+    consumer = Consumer(
+        broker.url, topic, "s", consumer_name="a", sub_type="shared", start="earliest"
+    )
+    await consumer.start()
+    got = await receive(consumer, 300, ack=False)
+    with pytest.raises(TimeoutError):
+        await consumer.receive(timeout=0.2)
+    waiting = asyncio.ensure_future(consumer.receive())
+    await asyncio.sleep(0.05)
+    for entry in got:
+        consumer.ack(Batch(topic, [entry]))  # one ack per message
+    waiting.cancel()
+    await consumer.close()
+    assert consumer.reconnects == 0
+    async with Consumer(
+        broker.url, topic, "s", consumer_name="b", sub_type="shared", start="earliest"
+    ) as other:
+        with pytest.raises(TimeoutError):
+            redelivered = await other.receive(timeout=1.0)
+            raise AssertionError(f"acked offsets redelivered: {redelivered.offsets}")
