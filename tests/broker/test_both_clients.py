@@ -328,6 +328,9 @@ BAD_MESSAGES = {
     "attribute key": (Message(b"d", None, {TOO_LONG_KEY: "v"}), "attribute key"),
     "routing key": (Message(b"e", "r" * 70_000), "routing key"),
     "routing key utf-8": (Message(b"f", "\u20ac" * 21_846), "routing key"),  # 65,538 bytes
+    # Far over the limit (beyond it plus gRPC's framing allowance): still read and refused as
+    # INVALID_ARGUMENT, not RESOURCE_EXHAUSTED (which the clients retry for ever).
+    "huge": (Message(b"g" * (2 * 1024 * 1024)), "max_payload_bytes"),
 }
 
 
