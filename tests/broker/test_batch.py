@@ -23,6 +23,7 @@ from danube_ingest.wal.block import encode_block
 from danube_ingest.wal.framing import Entry
 
 from .conftest import BrokerFactory
+from .support import metadata
 
 pytestmark = pytest.mark.etcd
 
@@ -195,5 +196,24 @@ async def test_acks_before_close_are_applied_when_the_receiving_task_was_cancell
         broker.url, topic, "s", consumer_name="b", sub_type="shared", start="earliest"
     ) as other:
         with pytest.raises(TimeoutError):
-            redelivered = await other.receive(timeout=1.0)
+            redelivered = await other.receive(timeout=0.5)
             raise AssertionError(f"acked offsets redelivered: {redelivered.offsets}")
+
+
+async def test_an_unknown_subscription_type_is_invalid_and_creates_nothing(
+    broker: Broker, etcd_server: str, etcd_prefix: str
+) -> None:
+    """(No client can send it; Danube's protocol has the same case in test_bad_input.py.)"""
+    async with Producer(broker.url, "/default/batch-type") as producer:
+        await (await producer.send(b"x"))
+    async with grpc.aio.insecure_channel(broker.url.split("://")[-1]) as channel:
+        subscribe = ipb.Subscribe(topic="/default/batch-type", subscription="s", type=7)
+        call = ipb_grpc.IngestServiceStub(channel).Consume(  # type: ignore[no-untyped-call]
+            iter([ipb.ConsumeRequest(subscribe=subscribe)])
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call.read()
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "subscription_type 7" in (refused.value.details() or "")
+    async with metadata(etcd_server, etcd_prefix) as records:
+        assert await records.list_subscriptions("/default/batch-type") == []
