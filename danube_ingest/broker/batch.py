@@ -230,9 +230,6 @@ class IngestService(pb_grpc.IngestServiceServicer):
                 continue
             ack = request.ack
             self._manager.ack_range(consumer_id, 0 if cumulative else ack.first, ack.last)
-        # The client sent its last request (a Consumer closing): every ack it sent is applied,
-        # so its stream can end (with OK) and what it still holds goes back to the others.
-        self._manager.end_stream(consumer_id)
 
 
 def _start(kind: int, value: int) -> StartPosition:

@@ -998,14 +998,6 @@ class TopicManager:
         # A topic being recovered (its streams wait for it) is no reason to re-subscribe.
         return runtime is not None or record.topic in self._recovering
 
-    def end_stream(self, consumer_id: int) -> None:
-        """End the consumer's delivery stream (its client finished sending: acks before this
-        are applied), detaching it: its unacknowledged messages are redelivered as after any
-        detach. A no-op for a consumer that is not streaming."""
-        handle = self._handles.get(consumer_id)
-        if handle is not None:
-            handle.close()
-
     def end_streams(self) -> None:
         """End every consumer stream (shutdown: clients reconnect to whoever serves next)."""
         self._ending = True

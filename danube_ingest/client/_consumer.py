@@ -59,8 +59,6 @@ _RECONNECT = frozenset(
         grpc.StatusCode.CANCELLED,
     }
 )
-#: Seconds ``close`` waits for the daemon to apply the acks sent before it.
-CLOSE_TIMEOUT = 5.0
 #: Shared / KeyShared: how many acked ranges are remembered to recognise redeliveries of
 #: acknowledged messages after a reconnect (an ack lost with the old stream).
 ACKED_RANGES_KEPT = 4096
@@ -270,7 +268,10 @@ class Consumer:
         # read is shielded and taken up by the next ``_read`` instead.
         call = self._call
         if self._reading is None or self._reading[0] is not call:
-            self._reading = (call, asyncio.ensure_future(call.read()))
+            pending = asyncio.ensure_future(call.read())
+            # (Its error is the call's, seen by whoever reads next, or by nobody after close.)
+            pending.add_done_callback(_seen)
+            self._reading = (call, pending)
         reading = self._reading[1]
         try:
             response = await asyncio.wait_for(asyncio.shield(reading), timeout)
@@ -312,24 +313,26 @@ class Consumer:
     def _ack(self, first: int, last: int) -> None:
         self._requests.put_nowait(pb.ConsumeRequest(ack=pb.RangeAck(first=first, last=last)))
 
-    async def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
-        """End the stream and close the channel. Acks queued before are applied by the daemon
-        before the stream ends (it ends the stream once it has read them), unless that takes
-        longer than ``timeout`` seconds (a daemon away): then the stream is cancelled, and what
-        was not applied is redelivered."""
-        if self._closed:
-            return
+    async def close(self) -> None:
+        """End the stream (acks queued before are sent first) and close the channel."""
         self._closed = True
         self._requests.put_nowait(None)
         if self._call is not None:
             with contextlib.suppress(asyncio.TimeoutError, grpc.aio.AioRpcError):
-                await asyncio.wait_for(self._call.code(), timeout)
+                await asyncio.wait_for(self._drained(), 1.0)
             self._call.cancel()
-        if self._reading is not None:
-            self._reading[1].cancel()
-            self._reading = None
         if self._own_channel and self._channel is not None:
             await self._channel.close()
+
+    async def _drained(self) -> None:
+        while not self._requests.empty():
+            await asyncio.sleep(0.01)
+
+
+def _seen(future: asyncio.Future[Any]) -> None:
+    """Mark ``future``'s outcome as retrieved (asyncio warns about an unread error)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def decode_batch(response: Any) -> list[Entry]:
