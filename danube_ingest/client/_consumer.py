@@ -132,6 +132,7 @@ class Consumer:
         # Shared / KeyShared: recently acked ranges; after a reconnect, those not yet seen again.
         self._acked_ranges: deque[tuple[int, int]] = deque(maxlen=ACKED_RANGES_KEPT)
         self._replay: list[tuple[int, int]] = []
+        self._reading: tuple[Any, asyncio.Future[Any]] | None = None
         self.reconnects = 0
         """How many times the stream was opened again."""
         self.consumer_id = 0
@@ -262,10 +263,22 @@ class Consumer:
         return fresh
 
     async def _read(self, timeout: float | None) -> Any:
+        # A read that is cancelled (a ``receive`` timing out, the task awaiting it cancelled)
+        # would cancel the whole call, and with it the acks still queued for the stream: the
+        # read is shielded and taken up by the next ``_read`` instead.
+        call = self._call
+        if self._reading is None or self._reading[0] is not call:
+            pending = asyncio.ensure_future(call.read())
+            # (Its error is the call's, seen by whoever reads next, or by nobody after close.)
+            pending.add_done_callback(_seen)
+            self._reading = (call, pending)
+        reading = self._reading[1]
         try:
-            response = await asyncio.wait_for(self._call.read(), timeout)
+            response = await asyncio.wait_for(asyncio.shield(reading), timeout)
         except grpc.aio.AioRpcError as exc:
+            self._reading = None
             raise ConsumeError(exc.code(), exc.details() or "", self.topic) from None
+        self._reading = None
         if response is grpc.aio.EOF:
             raise ConsumeError(grpc.StatusCode.UNAVAILABLE, "the stream ended", self.topic)
         return response
@@ -314,6 +327,12 @@ class Consumer:
     async def _drained(self) -> None:
         while not self._requests.empty():
             await asyncio.sleep(0.01)
+
+
+def _seen(future: asyncio.Future[Any]) -> None:
+    """Mark ``future``'s outcome as retrieved (asyncio warns about an unread error)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def decode_batch(response: Any) -> list[Entry]:

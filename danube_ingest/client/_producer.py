@@ -18,10 +18,11 @@ import zstandard
 from crc32c import crc32c
 
 from danube_ingest.client._errors import PublishError
+from danube_ingest.errors import InvalidEntryError
 from danube_ingest.proto import ingest_pb2 as pb
 from danube_ingest.proto import ingest_pb2_grpc as pb_grpc
 from danube_ingest.wal.block import IDEMPOTENT_BIT, encode_block, encode_payloads
-from danube_ingest.wal.framing import Entry
+from danube_ingest.wal.framing import Entry, entry_size
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,10 @@ class Producer:
     connection) is resent with the same sequence number, so with ``idempotent=True`` (the
     default) it is stored exactly once even if the first attempt was stored and only the
     answer was lost, also across a daemon restart. A batch refused for good (bad input) fails
-    its messages' futures with :class:`PublishError`; later batches go on. ``flush`` waits for
+    its messages' futures with :class:`PublishError`; later batches go on. A message no WAL
+    frame can hold (a routing key or attribute key over 65,535 UTF-8 bytes, a lone surrogate)
+    is refused the same way (INVALID_ARGUMENT) without being sent; the rest of its batch goes
+    on. ``flush`` waits for
     everything sent so far; ``close`` flushes, then closes the channel.
     """
 
@@ -301,7 +305,13 @@ class Producer:
         batch = _Batch(self._next_index, len(entries), self._open_futures)
         self._next_index += 1
         self._open, self._open_futures, self._open_bytes = [], [], 0
-        block, sizes = encode_block(entries)
+        try:
+            block, sizes = encode_block(entries)
+        except InvalidEntryError:
+            entries = self._refuse_unframable(batch, entries)
+            if not entries:
+                return
+            block, sizes = encode_block(entries)
         self._enqueue(batch, block, sizes)
 
     def _enqueue(self, batch: _Batch, block: bytes, sizes: bytes) -> None:
@@ -323,6 +333,38 @@ class Producer:
         )
         self._ready.append(batch)
         self._wake.set()
+
+    def _refuse_unframable(self, batch: _Batch, entries: list[Entry]) -> list[Entry]:
+        """Fail the futures of ``batch``'s messages that no WAL frame can hold (a routing or
+        attribute key over 65,535 bytes...) with INVALID_ARGUMENT, as the daemon refuses what
+        breaks its limits; ``batch`` keeps the others, which are returned (none: the batch is
+        released)."""
+        kept: list[Entry] = []
+        kept_futures: list[asyncio.Future[int]] = []
+        for entry, future in zip(entries, batch.futures, strict=True):
+            try:
+                entry_size(entry)
+            except InvalidEntryError as exc:
+                log.info("message refused before sending topic=%s error=%s", self.topic, exc)
+                future.set_exception(
+                    PublishError(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"{exc}: no WAL frame can hold this message; nothing of it was sent",
+                        self.topic,
+                    )
+                )
+                continue
+            kept.append(entry)
+            kept_futures.append(future)
+        refused = _Batch(batch.index, batch.count - len(kept), [])
+        batch.count, batch.futures = len(kept), kept_futures
+        if not kept:
+            batch.count = refused.count
+            self._release(batch)
+            return []
+        self._buffered -= refused.count
+        self._room.set()
+        return kept
 
     def _requeue(self, batch: _Batch) -> None:
         self._ready.append(batch)

@@ -37,6 +37,7 @@ from danube_ingest.wal.framing import (
     BATCH_HEADER_SIZE,
     Entry,
     decode_messages,
+    entry_size,
     messages_frame,
 )
 
@@ -180,7 +181,16 @@ def encode_block(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
     """
     if not entries:
         raise ValueError("an entry block needs at least one entry")
-    pieces = messages_frame(0, 0, entries)
+    try:
+        pieces = messages_frame(0, 0, entries)
+    except (struct.error, OverflowError, UnicodeEncodeError):
+        # (messages_frame trusts its entries to have been checked; name the one that was not.)
+        for i, entry in enumerate(entries):
+            try:
+                entry_size(entry)
+            except InvalidEntryError as exc:
+                raise InvalidEntryError(f"entry {i}: {exc}") from None
+        raise
     body = b"".join(pieces[1:])
     block = body[BATCH_HEADER_SIZE:]
     return block, entry_sizes(block, len(entries)).astype("<u4").tobytes()

@@ -1,5 +1,7 @@
 """Requests a broker must refuse, with the status danube-client expects, and without leaving
-anything behind: malformed topic names, unknown ids, limits, strategy and type mismatches."""
+anything behind: malformed topic names, unknown ids, strategy mismatches, what the WAL cannot
+hold, all through Danube's raw protocol. The bad input both clients can express (limits,
+topic and subscription names, type mismatches) is in test_both_clients.py."""
 
 from __future__ import annotations
 
@@ -12,20 +14,18 @@ from pathlib import Path
 
 import grpc
 import pytest
-from danube import SchemaType, SubType
+from danube import SchemaType
 from danube.proto import DanubeApi_pb2 as pb
 
 from danube_ingest.broker.server import Broker
 from danube_ingest.testing import BrokerProcess
 
-from .conftest import BrokerFactory
 from .support import (
     Clients,
     consumer_request,
     message,
     metadata,
     offsets,
-    payloads,
     producer_request,
     raw_stubs,
     rpc_error,
@@ -89,47 +89,6 @@ async def test_message_for_another_topic_than_the_producers_is_invalid(broker: B
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_payload_and_attribute_limits_reject_without_taking_an_offset(
-    make_broker: BrokerFactory,
-) -> None:
-    broker = await make_broker(**{"limits.max_payload_bytes": 1000, "limits.max_attributes": 2})
-    async with Clients(broker.url) as clients:
-        topic = "/default/limits"
-        producer = await clients.producer(topic)
-        sub = await clients.consumer(topic, "s", "c1")
-        # Exactly at both limits: the payload, attributes (6 bytes) and producer name (2)
-        # together make 1000 bytes.
-        await producer.send(b"a" * 992, {"k1": "v", "k2": "v"})
-
-        with pytest.raises(grpc.aio.AioRpcError) as too_big:
-            await producer.send(b"b" * 1001)
-        assert too_big.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "max_payload_bytes" in (too_big.value.details() or "")
-
-        # One byte over, counting the attributes and the producer name with the payload.
-        with pytest.raises(grpc.aio.AioRpcError) as over_in_all:
-            await producer.send(b"b" * 993, {"k1": "v", "k2": "v"})
-        assert over_in_all.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "max_payload_bytes" in (over_in_all.value.details() or "")
-
-        with pytest.raises(grpc.aio.AioRpcError) as too_many:
-            await producer.send(b"c", {"k1": "v", "k2": "v", "k3": "v"})
-        assert too_many.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "max_attributes" in (too_many.value.details() or "")
-
-        # Far over the limit (beyond the limit plus gRPC's framing allowance): still read and
-        # refused as INVALID_ARGUMENT, not RESOURCE_EXHAUSTED (which the client retries forever).
-        with pytest.raises(grpc.aio.AioRpcError) as huge:
-            await producer.send(b"e" * (2 * 1024 * 1024))
-        assert huge.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-
-        await producer.send(b"d")
-        got = await sub.take(2)
-        assert offsets(got) == [0, 1]
-        assert payloads(got) == [b"a" * 992, b"d"]
-        await sub.ack_all(got)
-
-
 @pytest.mark.parametrize("first_reliable", [False, True])
 async def test_producer_with_the_other_dispatch_strategy_is_refused(
     clients: Clients, first_reliable: bool
@@ -160,11 +119,9 @@ async def test_refused_producer_does_not_bind_the_topic_to_its_schema(clients: C
 
 
 async def test_subscribing_to_a_missing_topic_is_not_found_and_creates_nothing(
-    clients: Clients, broker: Broker, etcd_server: str, etcd_prefix: str
+    broker: Broker, etcd_server: str, etcd_prefix: str
 ) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as missing:
-        await clients.consumer("/default/nowhere", "s", "c1")
-    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    """(Through both clients: test_both_clients.py.)"""
     async with raw_stubs(broker.url) as raw:
         error = await rpc_error(raw.consumers.Subscribe(consumer_request("/default/nowhere")))
         assert error.code() == grpc.StatusCode.NOT_FOUND
@@ -175,16 +132,6 @@ async def test_subscribing_to_a_missing_topic_is_not_found_and_creates_nothing(
     async with metadata(etcd_server, etcd_prefix) as records:
         assert await records.get_topic("/default/nowhere") is None
         assert await records.list_clients() == []
-
-
-async def test_subscription_type_mismatch_is_refused(clients: Clients) -> None:
-    topic = "/default/types"
-    await clients.producer(topic)
-    await clients.consumer(topic, "s", "c1", SubType.EXCLUSIVE)
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await clients.consumer(topic, "s", "c2", SubType.SHARED)
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "Exclusive" in (refused.value.details() or "")
 
 
 @pytest.mark.parametrize("subscription", ["", "a/b", "two words", ".."])

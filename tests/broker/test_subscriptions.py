@@ -1,11 +1,11 @@
-"""Publish/subscribe through the real danube-client: message fields, and what each
-subscription type (Exclusive, Shared, Failover, KeyShared) gives to which consumer."""
+"""Publish/subscribe through the real danube-client and its raw protocol: message fields,
+consumer ids and stream takeovers, idle consumers. What each subscription type gives to which
+consumer is tested for both clients in test_both_clients.py."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,7 +22,6 @@ from .conftest import BrokerFactory
 from .support import (
     RECEIVE_TIMEOUT,
     Clients,
-    Subscribed,
     consumer_request,
     message,
     offsets,
@@ -37,23 +36,6 @@ from .support import (
 async def clients(broker: Broker) -> AsyncIterator[Clients]:
     async with Clients(broker.url) as opened:
         yield opened
-
-
-async def take_spread(subs: list[Subscribed], total: int) -> list[list[Any]]:
-    """The next ``total`` messages over several consumers, per consumer in arrival order."""
-    got: list[list[Any]] = [[] for _ in subs]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + RECEIVE_TIMEOUT
-    while sum(map(len, got)) < total:
-        if loop.time() > deadline:
-            raise AssertionError(
-                f"expected {total} messages, got {[offsets(g) for g in got]} per consumer"
-            )
-        for sub, bucket in zip(subs, got, strict=True):
-            while not sub.queue.empty():
-                bucket.append(sub.queue.get_nowait())
-        await asyncio.sleep(0.01)
-    return got
 
 
 async def test_published_fields_reach_the_consumer(clients: Clients) -> None:
@@ -85,84 +67,12 @@ async def test_published_fields_reach_the_consumer(clients: Clients) -> None:
     await sub.ack_all(got)
 
 
-async def test_each_exclusive_subscription_gets_every_message(clients: Clients) -> None:
-    topic = "/default/two-subs"
-    producer = await clients.producer(topic)
-    first = await clients.consumer(topic, "s1", "c1")
-    second = await clients.consumer(topic, "s2", "c2")
-    for i in range(10):
-        await producer.send(f"m{i}".encode())
-    for sub in (first, second):
-        got = await sub.take(10)
-        assert offsets(got) == list(range(10))
-        assert payloads(got) == [f"m{i}".encode() for i in range(10)]
-        await sub.ack_all(got)
-
-
-async def test_exclusive_refuses_a_second_consumer_name(clients: Clients) -> None:
-    topic = "/default/exclusive"
-    producer = await clients.producer(topic)
-    holder = await clients.consumer(topic, "s", "c1")
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await clients.consumer(topic, "s", "c2")
-    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert "c1" in (refused.value.details() or "")
-
-    # The refusal does not disturb the holder.
-    await producer.send(b"still mine")
-    got = await holder.take(1)
-    assert payloads(got) == [b"still mine"]
-    await holder.ack_all(got)
-
-
-async def test_exclusive_is_free_again_once_its_consumer_left(clients: Clients) -> None:
-    topic = "/default/exclusive-released"
-    producer = await clients.producer(topic)
-    holder = await clients.consumer(topic, "s", "c1")
-    await producer.send(b"m0")
-    await holder.ack_all(await holder.take(1))
-    await producer.send(b"m1")  # delivered to c1, never acked
-    assert payloads(await holder.take(1)) == [b"m1"]
-    await holder.consumer.close()
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + RECEIVE_TIMEOUT
-    while True:
-        try:
-            successor = await clients.consumer(topic, "s", "c2")
-            break
-        except grpc.aio.AioRpcError as exc:
-            # c1's stream ends asynchronously after its close; until then it holds the
-            # subscription.
-            assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
-            assert loop.time() < deadline, "c1 still holds the subscription"
-            await asyncio.sleep(0.05)
-    got = await successor.take(1)
-    assert (offsets(got), payloads(got)) == ([1], [b"m1"])
-
-
-async def test_shared_gives_each_message_to_exactly_one_consumer_round_robin(
+async def test_failover_standby_takes_over_when_the_active_stream_is_cancelled(
     clients: Clients,
 ) -> None:
-    topic = "/default/shared"
-    producer = await clients.producer(topic)
-    subs = [await clients.consumer(topic, "s", f"c{i}", SubType.SHARED) for i in range(3)]
-    for i in range(30):
-        await producer.send(f"m{i}".encode())
-
-    got = await take_spread(subs, 30)
-    every = sorted(o for bucket in got for o in offsets(bucket))
-    assert every == list(range(30))  # each message once, to one consumer
-    assert [len(bucket) for bucket in got] == [10, 10, 10]  # round robin
-    for sub, bucket in zip(subs, got, strict=True):
-        await sub.ack_all(bucket)
-
-
-@pytest.mark.parametrize("departure", ["close", "stream_cancelled"])
-async def test_failover_standby_takes_over_without_losing_or_repeating_acked(
-    clients: Clients, departure: str
-) -> None:
-    topic = f"/default/failover-{departure.replace('_', '-')}"
+    """(Leaving by ``close`` is in test_both_clients.py, for both clients; this departure is
+    danube-client's own: its receive task cancelled while the consumer stays subscribed.)"""
+    topic = "/default/failover-stream-cancelled"
     producer = await clients.producer(topic)
     active = await clients.consumer(topic, "s", "c1", SubType.FAILOVER)
     standby = await clients.consumer(topic, "s", "c2", SubType.FAILOVER)
@@ -174,13 +84,10 @@ async def test_failover_standby_takes_over_without_losing_or_repeating_acked(
     assert standby.queue.empty()
     await active.ack_all(first[:3])  # 3 and 4 stay unacknowledged
 
-    if departure == "close":
-        await active.consumer.close()
-    else:
-        # The client's receive task owns the ReceiveMessages stream: cancelling it cancels
-        # the stream while the consumer stays subscribed (like a stalled process).
-        for task in active.consumer._tasks:
-            task.cancel()
+    # The client's receive task owns the ReceiveMessages stream: cancelling it cancels the
+    # stream while the consumer stays subscribed (like a stalled process).
+    for task in active.consumer._tasks:
+        task.cancel()
 
     redelivered = await standby.take(2)
     assert offsets(redelivered) == [3, 4]
@@ -190,67 +97,6 @@ async def test_failover_standby_takes_over_without_losing_or_repeating_acked(
     later = await standby.take(3)
     assert offsets(later) == [5, 6, 7]
     await standby.ack_all(redelivered + later)
-
-
-async def test_key_shared_keeps_each_key_on_one_consumer_in_order(clients: Clients) -> None:
-    topic = "/default/key-shared"
-    producer = await clients.producer(topic)
-    subs = [await clients.consumer(topic, "s", f"c{i}", SubType.KEY_SHARED) for i in range(2)]
-    keys = [f"key-{k}" for k in range(20)]
-    for round_ in range(3):
-        for key in keys:
-            await producer.send_with_key(f"{key}/{round_}".encode(), None, key)
-
-    got = await take_spread(subs, 60)
-    owner: dict[str, set[int]] = defaultdict(set)
-    per_key: dict[str, list[int]] = defaultdict(list)
-    for index, bucket in enumerate(got):
-        for m in bucket:
-            assert m.routing_key == m.payload.decode().split("/")[0]
-            owner[m.routing_key].add(index)
-            per_key[m.routing_key].append(m.msg_id.topic_offset)
-    assert set(owner) == set(keys)
-    assert all(len(consumers) == 1 for consumers in owner.values()), dict(owner)
-    assert all(seq == sorted(seq) and len(seq) == 3 for seq in per_key.values())
-    assert all(bucket for bucket in got), "20 keys all hashed to one consumer"
-    for sub, bucket in zip(subs, got, strict=True):
-        await sub.ack_all(bucket)
-
-
-async def test_key_shared_honours_key_filters(clients: Clients) -> None:
-    topic = "/default/key-filters"
-    producer = await clients.producer(topic)
-    europe = await clients.consumer(topic, "s", "eu", SubType.KEY_SHARED, ["eu-*"])
-    america = await clients.consumer(topic, "s", "us", SubType.KEY_SHARED, ["us-*", "ca-?"])
-    keys = ["eu-west", "us-east", "eu-north", "ca-1", "us-west", "eu-south"]
-    for round_ in range(3):
-        for key in keys:
-            await producer.send_with_key(f"{key}/{round_}".encode(), None, key)
-
-    got_eu, got_us = await take_spread([europe, america], 18)
-    assert sorted({m.routing_key for m in got_eu}) == ["eu-north", "eu-south", "eu-west"]
-    assert sorted({m.routing_key for m in got_us}) == ["ca-1", "us-east", "us-west"]
-    assert len(got_eu) == len(got_us) == 9
-    await europe.ack_all(got_eu)
-    await america.ack_all(got_us)
-
-
-async def test_shared_consumer_leaving_hands_its_unacked_to_the_others(clients: Clients) -> None:
-    topic = "/default/shared-leave"
-    producer = await clients.producer(topic)
-    leaving, staying = [
-        await clients.consumer(topic, "s", f"c{i}", SubType.SHARED) for i in range(2)
-    ]
-    for i in range(4):
-        await producer.send(f"m{i}".encode())
-    left_with, kept = await take_spread([leaving, staying], 4)
-    assert len(left_with) == len(kept) == 2
-    await staying.ack_all(kept)
-    await leaving.consumer.close()  # nothing acked
-
-    handed_over = await staying.take(2)
-    assert offsets(handed_over) == offsets(left_with)
-    await staying.ack_all(handed_over)
 
 
 async def test_same_consumer_name_is_the_same_consumer_and_a_new_stream_takes_over(

@@ -90,6 +90,22 @@ def test_a_block_breaking_a_limit_is_refused_naming_the_entry(
     assert bytes(block) == before
 
 
+@pytest.mark.parametrize(
+    ("entry", "needle"),
+    [
+        (Entry(b"x", routing_key="r" * 70_000), "entry 1: routing key of 70000"),
+        (Entry(b"x", attributes={"k" * 65_536: "v"}), "entry 1: attribute key of 65536"),
+        (Entry(b"x", routing_key="\ud800"), "entry 1: routing key is not valid unicode"),
+    ],
+    ids=["routing key", "attribute key", "surrogate"],
+)
+def test_encode_block_refuses_an_entry_no_frame_holds_naming_it(entry: Entry, needle: str) -> None:
+    """(It used to raise struct.error from deep in the framing, which the batch Producer did
+    not expect: the batch's futures never resolved.)"""
+    with pytest.raises(InvalidEntryError, match=needle):
+        encode_block([Entry(b"ok"), entry])
+
+
 def test_corrupt_blocks_are_refused() -> None:
     block, sizes = checked(entries(3))
     table = list(struct.unpack("<3I", sizes))
