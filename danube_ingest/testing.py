@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import signal
 import socket
@@ -35,12 +36,28 @@ from danube_ingest.metadata.server import EtcdServer
 _START_ATTEMPTS = 3
 
 
+#: Ports ``free_port`` picks from: below the kernel's ephemeral range (32768-60999 by default),
+#: so no outgoing connection of any process takes a server's port as its source port while
+#: the server restarts on it (a broker SIGKILLed and started again on the same port).
+_PORT_RANGE = (20_000, 32_000)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (another process may still take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A TCP port that was free on ``host`` a moment ago (another process may still take it),
+    outside the ephemeral range (see ``_PORT_RANGE``)."""
+    low, high = _PORT_RANGE
+    for _ in range(200):
+        port = random.randrange(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded range
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        found: int = sock.getsockname()[1]
+        return found
 
 
 class _ServerProcess:

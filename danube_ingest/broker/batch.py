@@ -18,6 +18,7 @@ not encoded again message by message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -202,9 +203,24 @@ class IngestService(pb_grpc.IngestServiceServicer):
             self._read_acks(request_iterator, consumer_id, sub_type in _CUMULATIVE)
         )
         max_batch = sub.max_batch or DEFAULT_CONSUME_BATCH
+        deliveries = aiter(self._manager.deliveries(consumer_id, max_batch))
         try:
             yield pb.ConsumeResponse(topic=sub.topic, count=0, consumer_id=consumer_id)
-            async for batch in self._manager.deliveries(consumer_id, max_batch):
+            while True:
+                # The client half-closing its requests (``Consumer.close``) ends the stream
+                # once every ack it sent is applied: they are read in order before the end.
+                following = asyncio.ensure_future(anext(deliveries))
+                await asyncio.wait((following, acks), return_when=asyncio.FIRST_COMPLETED)
+                if not following.done():
+                    following.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                        await following
+                    acks.result()  # an error reading the requests ends the stream with it
+                    return
+                try:
+                    batch = following.result()
+                except StopAsyncIteration:
+                    return
                 entries = [delivery.entry for delivery in batch]
                 block, sizes = served_block(entries)
                 offsets = np.fromiter((e.offset for e in entries), dtype="<u8", count=len(entries))

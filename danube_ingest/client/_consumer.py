@@ -35,6 +35,10 @@ _CUMULATIVE = frozenset({"exclusive", "failover"})
 log = logging.getLogger(__name__)
 
 
+#: How long ``Consumer.close`` waits for the daemon to apply its last acks and end the stream.
+CLOSE_TIMEOUT_S = 5.0
+
+
 @dataclass(frozen=True, slots=True)
 class Batch:
     """Messages delivered together, in delivery order."""
@@ -314,19 +318,29 @@ class Consumer:
         self._requests.put_nowait(pb.ConsumeRequest(ack=pb.RangeAck(first=first, last=last)))
 
     async def close(self) -> None:
-        """End the stream (acks queued before are sent first) and close the channel."""
+        """End the stream and close the channel. Acks queued before are applied: the request
+        stream is half-closed after them, and the daemon ends the stream once it has applied
+        every ack it read (batches it sends meanwhile are dropped here and redelivered to the
+        subscription). Waits at most ``CLOSE_TIMEOUT_S`` for that, then cancels the call."""
         self._closed = True
         self._requests.put_nowait(None)
         if self._call is not None:
             with contextlib.suppress(asyncio.TimeoutError, grpc.aio.AioRpcError):
-                await asyncio.wait_for(self._drained(), 1.0)
+                await asyncio.wait_for(self._ended(), CLOSE_TIMEOUT_S)
             self._call.cancel()
         if self._own_channel and self._channel is not None:
             await self._channel.close()
 
-    async def _drained(self) -> None:
-        while not self._requests.empty():
-            await asyncio.sleep(0.01)
+    async def _ended(self) -> None:
+        """Read (and drop) what the daemon still sends until it ends the stream."""
+        call = self._call
+        if self._reading is not None and self._reading[0] is call:
+            response = await self._reading[1]
+            self._reading = None
+            if response is grpc.aio.EOF:
+                return
+        while await call.read() is not grpc.aio.EOF:
+            pass
 
 
 def _seen(future: asyncio.Future[Any]) -> None:

@@ -200,6 +200,23 @@ async def test_acks_before_close_are_applied_when_the_receiving_task_was_cancell
             raise AssertionError(f"acked offsets redelivered: {redelivered.offsets}")
 
 
+async def test_acks_made_right_before_close_are_all_applied(broker: Broker) -> None:
+    """``close`` right after the last ``ack``: the stream is half-closed after the acks and
+    the daemon ends it only once it applied them, so the next consumer of the subscription
+    starts after them (cancelling the call as soon as the acks left the queue lost some)."""
+    topic = "/default/batch-close-at-once"
+    async with Producer(broker.url, topic) as producer:
+        for round_ in range(20):
+            await asyncio.gather(*[await producer.send(b"%d" % i) for i in range(10)])
+            consumer = Consumer(broker.url, topic, "s", sub_type="exclusive", start="earliest")
+            await consumer.start()
+            got = await receive(consumer, 10, ack=False)
+            assert [e.offset for e in got] == list(range(10 * round_, 10 * round_ + 10))
+            for entry in got:
+                consumer.ack(Batch(topic, [entry]))
+            await consumer.close()
+
+
 async def test_an_unknown_subscription_type_is_invalid_and_creates_nothing(
     broker: Broker, etcd_server: str, etcd_prefix: str
 ) -> None:
