@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup dev test lint typecheck unit bench clean
+.PHONY: setup dev test lint typecheck unit bench clean redis-server
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+## redis-server (Debian's package): the Redis Streams peer of the benchmarks, and of the
+## benchmark runner's test. Installed with apt-get when missing and we are root.
+redis-server:
+	@command -v redis-server >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; } \
+		|| { echo "redis-server is needed (the tests start one): apt-get install redis-server" >&2; exit 1; }
 
 ## The whole system on embedded defaults: local etcd, broker on 127.0.0.1:6650, data under ./data.
 ## Options go through ARGS, e.g. make dev ARGS="--dagster-port 3001" (danube-ingest dev --help).
@@ -28,13 +35,13 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-unit: setup
+unit: setup redis-server
 	$(BIN)/pytest -q -p no:cacheprovider
 
 ## The full test suite, as CI runs it: lint, type check, every test (real etcd, s3, Spark...).
 test: lint typecheck unit
 
-bench: setup
+bench: setup redis-server
 	for b in benchmarks/*.py; do case $$b in */_*) ;; *) $(BIN)/python $$b || exit 1;; esac; done
 
 clean:
