@@ -29,7 +29,7 @@ from danube_ingest.broker.start import InvalidStartPositionError, StartPosition
 from danube_ingest.cli import danube_client
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.cli.progress import ProgressLine
-from danube_ingest.client import Batch, ClientError, Consumer, Producer, PublishError
+from danube_ingest.client import Batch, ClientError, Consumer, Producer, PublishError, target
 from danube_ingest.errors import DanubeIngestError
 
 #: Where ``consume`` starts a subscription it creates. Danube (and danube-client) start a new
@@ -219,7 +219,7 @@ def batching(parser: argparse.ArgumentParser) -> None:
 async def check_reachable(url: str, timeout: float) -> None:
     """Return once the broker at ``url`` accepts a connection; ``BrokerUnreachableError``
     after ``timeout`` seconds (both clients would otherwise retry for ever)."""
-    async with grpc.aio.insecure_channel(danube_client.target(url)) as channel:
+    async with grpc.aio.insecure_channel(target(url)) as channel:
         try:
             await asyncio.wait_for(channel.channel_ready(), timeout)
         except TimeoutError:

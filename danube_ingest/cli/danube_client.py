@@ -21,6 +21,7 @@ from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
 from danube_ingest.broker.start import LATEST, METADATA_KEY, StartPosition
 from danube_ingest.cli.progress import ProgressLine
+from danube_ingest.client import target
 
 SUB_TYPES = {
     "exclusive": SubType.EXCLUSIVE,
@@ -28,11 +29,6 @@ SUB_TYPES = {
     "failover": SubType.FAILOVER,
     "key_shared": SubType.KEY_SHARED,
 }
-
-
-def target(url: str) -> str:
-    """``host:port`` of a broker URL such as ``http://127.0.0.1:6650``."""
-    return url.split("://", 1)[-1].rstrip("/")
 
 
 async def produce(args: argparse.Namespace) -> None:

@@ -6,7 +6,7 @@ ranges. See docs/design/batch_protocol.md for the wire format and guarantees.
 
 from danube_ingest.client._consumer import Batch, Consumer, SubType, decode_batch
 from danube_ingest.client._errors import ClientError, ConsumeError, PublishError
-from danube_ingest.client._producer import Compression, Producer, new_producer_id
+from danube_ingest.client._producer import Compression, Producer, new_producer_id, target
 
 __all__ = [
     "Batch",
@@ -19,4 +19,5 @@ __all__ = [
     "SubType",
     "decode_batch",
     "new_producer_id",
+    "target",
 ]
