@@ -172,7 +172,7 @@ async def collect_orphans(
         else:
             due.append((key, info.size))
     for start in range(0, len(due), DELETE_BATCH):
-        await _delete_batch(kv, keys, store, due[start : start + DELETE_BATCH], report)
+        await _delete_batch(kv, keys, store, due[start : start + DELETE_BATCH], retired, report)
     # Records of objects no longer stored (deleted by an earlier run that died before
     # dropping the record, or by hand) are dropped too.
     stale = [k for k in retired if k not in listed and await store.stat(k) is None]
@@ -194,7 +194,12 @@ async def collect_orphans(
 
 
 async def _delete_batch(
-    kv: KV, keys: Keys, store: ObjectStore, batch: Sequence[tuple[str, int]], report: OrphanReport
+    kv: KV,
+    keys: Keys,
+    store: ObjectStore,
+    batch: Sequence[tuple[str, int]],
+    retired: dict[str, Retired],
+    report: OrphanReport,
 ) -> None:
     # A commit may have landed since the first read: the manifest as it is now decides.
     referenced = await referenced_objects(kv, keys)
@@ -210,16 +215,15 @@ async def _delete_batch(
         report.deleted.append(key)
         report.deleted_bytes += size
         deleted.append(key)
-    await _drop_records(kv, keys, deleted, await retired_objects(kv, keys), report)
+    await _drop_records(kv, keys, deleted, retired, report)
 
 
 async def _drop_records(
     kv: KV, keys: Keys, objects: Sequence[str], retired: dict[str, Retired], report: OrphanReport
 ) -> None:
     """Delete the retirement records of ``objects`` (those that have one; none with
-    ``dry_run``). Each is compared with the value read, so a record rewritten meanwhile (its
-    object was retired again: a new upload at the same key is impossible, but be exact)
-    stays."""
+    ``dry_run``). Each is compared with the value read at the start of the run, so a record
+    rewritten meanwhile (its object retired again by a later change) stays."""
     for key in objects:
         record = retired.get(key)
         if record is None or report.dry_run:
