@@ -88,6 +88,8 @@ class Consumer:
     ``ACKED_RANGES_KEPT`` acked ranges). Two consumers of the same name take the stream from
     each other; give each its own name. Errors that a retry cannot mend (a bad topic name,
     INVALID_ARGUMENT, NOT_FOUND...) end the iteration with :class:`ConsumeError`.
+
+    ``tls``: as for :class:`Producer`.
     """
 
     def __init__(

@@ -107,6 +107,9 @@ class Producer:
     is refused the same way (INVALID_ARGUMENT) without being sent; the rest of its batch goes
     on. ``flush`` waits for
     everything sent so far; ``close`` flushes, then closes the channel.
+
+    ``tls`` (:class:`TlsOptions`) connects with TLS (a private CA, a client certificate for
+    mutual TLS); an ``https://`` URL alone does too, with the system's trusted roots.
     """
 
     def __init__(

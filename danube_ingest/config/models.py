@@ -60,7 +60,8 @@ class TlsConfig(_Section):
         default=False,
         description=(
             "Refuse clients without a certificate signed by client_ca_file (mutual TLS). "
-            "False: a client certificate, if sent, is still verified."
+            "False: clients are asked for a certificate but accepted without one, and gRPC "
+            "does not verify one they send; never trust its identity then."
         ),
     )
 
