@@ -19,6 +19,7 @@ from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
 from danube_ingest.broker.errors import InsecureListenError, TlsSetupError
 from danube_ingest.broker.server import Broker
+from danube_ingest.cli import main
 from danube_ingest.cli.client import BrokerUnreachableError, check_reachable
 from danube_ingest.client import Consumer, Producer, TlsOptions, open_channel
 from danube_ingest.testing import broker_config, running_broker
@@ -226,7 +227,9 @@ async def test_bad_tls_files_name_the_key(
 
 @pytest.mark.slow
 @pytest.mark.timeout(90)
-async def test_broker_on_etcd_with_tls_and_auth(tmp_path: Path, certs: Certs) -> None:
+async def test_broker_on_etcd_with_tls_and_auth(
+    tmp_path: Path, certs: Certs, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Everything secured: the broker reaches etcd over TLS with a client certificate as a user
     who may only touch its prefix, and serves its clients over TLS."""
     password_file = tmp_path / "etcd-password"
@@ -253,3 +256,11 @@ async def test_broker_on_etcd_with_tls_and_auth(tmp_path: Path, certs: Certs) ->
                 await producer.send(b"through secured etcd", {})
                 [message] = await consumer.take(1)
                 assert message.payload == b"through secured etcd"
+            # The admin commands reach the same etcd with the --etcd-* options.
+            argv = ["topics", "--etcd", etcd.endpoint, "--prefix", PREFIX]
+            argv += ["--etcd-ca-file", str(certs.ca), "--etcd-cert-file", str(certs.client_cert)]
+            argv += ["--etcd-key-file", str(certs.client_key), "--etcd-user", USER]
+            argv += ["--etcd-password-file", str(password_file)]
+            capsys.readouterr()
+            assert await asyncio.to_thread(main, argv) == 0
+            assert TOPIC in capsys.readouterr().out
