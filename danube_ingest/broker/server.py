@@ -282,10 +282,12 @@ class Broker:
         schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), gate)
         gate.open()
         self._serving = True
+        tls = config.broker.tls
         log.info(
-            "broker started broker_id=%s url=%s wal=%s metrics=%s",
+            "broker started broker_id=%s url=%s tls=%s wal=%s metrics=%s",
             config.broker.broker_id,
             self.url,
+            ("mutual" if tls.require_client_cert else "on") if tls.enabled else "off",
             config.wal_dir() if config.storage.mode != "memory" else "memory",
             self.metrics_url or "off",
         )
