@@ -11,7 +11,13 @@ import pytest
 
 from danube_ingest.config import load_config
 from danube_ingest.errors import ConfigError
-from danube_ingest.metadata import EtcdKV, MetadataError, MetadataUnavailableError, Put
+from danube_ingest.metadata import (
+    CommitStateUnknownError,
+    EtcdKV,
+    MetadataError,
+    MetadataUnavailableError,
+    Put,
+)
 from danube_ingest.metadata.etcd_security import EtcdSecurity
 from danube_ingest.testing import LocalEtcd
 from tests.certs import Certs
@@ -139,3 +145,32 @@ def test_config_security_from_file(certs: Certs, tmp_path: Path) -> None:
 def test_config_refuses_half_settings(values: dict[str, str], key: str) -> None:
     with pytest.raises(ConfigError, match=key):
         load_config(None, values)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+async def test_etcd_restart_forgets_tokens_and_the_client_recovers(certs: Certs) -> None:
+    """An etcd restart drops every auth token: a call fails retriably and the client
+    authenticates again, so a retry succeeds."""
+    with secure_etcd(certs) as etcd:
+        kv = await etcd.connect(security=user_security(certs))
+        try:
+            await kv.put(f"{PREFIX}/r", b"1")
+            server = etcd.server
+            await asyncio.to_thread(server.stop)
+            await asyncio.to_thread(server.start)
+            await asyncio.to_thread(server.wait_healthy)
+            refusals: list[MetadataError] = []
+            for _ in range(30):  # the channel may also need a moment to reconnect
+                try:
+                    await kv.put(f"{PREFIX}/r", b"3")
+                    break
+                except (MetadataUnavailableError, CommitStateUnknownError) as exc:
+                    refusals.append(exc)
+                    await asyncio.sleep(0.1)
+            else:
+                pytest.fail(f"no put succeeded after the restart: {refusals[-3:]}")
+            assert any("auth token" in str(exc) for exc in refusals), refusals
+            assert (await kv.get(f"{PREFIX}/r")).value == b"3"  # type: ignore[union-attr]
+        finally:
+            await kv.close()
