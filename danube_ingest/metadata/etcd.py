@@ -6,7 +6,11 @@ Errors are mapped so callers never see ``aetcd`` or gRPC types:
   established) → ``MetadataUnavailableError`` (retriable);
 * a write that timed out or whose connection broke after it was sent →
   ``CommitStateUnknownError`` (re-read before retrying);
-* a put or refresh on a lease etcd no longer knows → ``LeaseExpiredError``.
+* a put or refresh on a lease etcd no longer knows → ``LeaseExpiredError``;
+* etcd auth (``EtcdSecurity``): wrong credentials, or an operation the user's roles do not
+  allow → ``MetadataError`` (permanent, naming what to fix); a token etcd forgot (restart,
+  idle past ``--auth-token-ttl``) → a new token is fetched and the call raises
+  ``MetadataUnavailableError`` (it was refused, so retrying is safe).
 
 Leases are granted, refreshed once per call (``refresh_lease``; the caller runs the keepalive
 loop, see ``BrokerSession``) and revoked. etcd rounds a TTL up to its minimum
