@@ -490,7 +490,49 @@ class CloudConfig(_Section):
             raise _FieldError("bucket", f"is required when backend is {self.backend!r}")
         if self.backend == "s3" and self.region is None:
             raise _FieldError("region", "is required when backend is 's3'")
+        if self.backend == "s3":
+            _check_s3_encryption(self.options)
         return self
+
+
+#: S3's server-side encryption modes (opendal passes the value through; S3 refuses others
+#: only when an object is written, and moto not at all).
+_SSE_MODES = ("AES256", "aws:kms", "aws:kms:dsse")
+
+
+def _check_s3_encryption(options: Mapping[str, str]) -> None:
+    """Refuse s3 encryption options that S3 would refuse at the first PUT, or ignore."""
+    mode = options.get("server_side_encryption")
+    if mode is not None and mode not in _SSE_MODES:
+        raise _FieldError(
+            "options.server_side_encryption",
+            f"must be one of {', '.join(_SSE_MODES)} (got {mode!r})",
+        )
+    if "server_side_encryption_aws_kms_key_id" in options and not (mode or "").startswith(
+        "aws:kms"
+    ):
+        raise _FieldError(
+            "options.server_side_encryption_aws_kms_key_id",
+            "is ignored unless server_side_encryption is aws:kms: set that too",
+        )
+    customer = [key for key in options if key.startswith("server_side_encryption_customer_")]
+    if customer:
+        if mode is not None:
+            raise _FieldError(
+                "options.server_side_encryption",
+                "customer keys (server_side_encryption_customer_*) replace it: set one or "
+                "the other",
+            )
+        if options.get("server_side_encryption_customer_algorithm") != "AES256":
+            raise _FieldError(
+                "options.server_side_encryption_customer_algorithm",
+                "must be AES256 when a customer key is given",
+            )
+        if "server_side_encryption_customer_key" not in options:
+            raise _FieldError(
+                "options.server_side_encryption_customer_key",
+                "is required with server_side_encryption_customer_algorithm (base64 of 32 bytes)",
+            )
 
 
 class RotationConfig(_Section):

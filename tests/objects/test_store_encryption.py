@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import boto3
 import pytest
 
 from danube_ingest.config import BrokerConfig, load_config
-from danube_ingest.errors import DanubeIngestError
+from danube_ingest.errors import ConfigError, DanubeIngestError
 from danube_ingest.objects.store import ObjectStore
 from danube_ingest.testing import MotoServer
 
@@ -103,3 +104,34 @@ async def test_customer_key_round_trip_and_never_shows(
         assert encoded not in str(info.value)
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [
+        ({"server_side_encryption": "AES-256"}, ""),
+        ({"server_side_encryption_aws_kms_key_id": KMS_KEY}, "_aws_kms_key_id"),
+        (
+            {"server_side_encryption": "AES256", "server_side_encryption_aws_kms_key_id": KMS_KEY},
+            "_aws_kms_key_id",
+        ),
+        ({"server_side_encryption_customer_key": "a2V5"}, "_customer_algorithm"),
+        ({"server_side_encryption_customer_algorithm": "AES256"}, "_customer_key"),
+    ],
+)
+def test_encryption_options_s3_would_refuse_or_ignore_are_config_errors(
+    options: dict[str, str], key: str
+) -> None:
+    """moto accepts any value; S3 refuses a bad mode only at the first PUT (the uploader then
+    retries for ever) and silently ignores a KMS key without aws:kms."""
+    expected = re.escape(f"storage.cloud.options.server_side_encryption{key}:")
+    with pytest.raises(ConfigError, match=expected):
+        load_config(
+            None,
+            {
+                "storage.cloud.backend": "s3",
+                "storage.cloud.bucket": "b",
+                "storage.cloud.region": "us-east-1",
+                "storage.cloud.options": options,
+            },
+        )
