@@ -120,7 +120,7 @@ async def _run(args: argparse.Namespace, config: BrokerConfig) -> ConvertResult:
     kv = await EtcdKV.connect(
         endpoints,
         timeout=config.etcd.connect_timeout_seconds,
-        security=EtcdSecurity.from_config(config.etcd),
+        security=EtcdSecurity.from_env_or_config(config.etcd),
     )
     try:
         return await convert(

@@ -296,9 +296,11 @@ def read_topic(
         assert config is not None
         warehouse = StoreSpec.from_config(config)
     if security is None:
-        security = EtcdSecurity.from_env()
-        if security == EtcdSecurity() and config is not None:
-            security = EtcdSecurity.from_config(config.etcd)
+        security = (
+            EtcdSecurity.from_env()
+            if config is None
+            else EtcdSecurity.from_env_or_config(config.etcd)
+        )
     return TopicRead(
         spark,
         topic,

@@ -105,6 +105,14 @@ class EtcdSecurity:
             password=password,
         )
 
+    @classmethod
+    def from_env_or_config(cls, config: EtcdConfig) -> EtcdSecurity:
+        """The environment's (``from_env``) if it sets any variable, else ``config``'s: what
+        a process started by the Dagster resource (which sets both the endpoints and these
+        variables) uses beside a broker YAML."""
+        security = cls.from_env()
+        return security if security != cls() else cls.from_config(config)
+
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """TLS credentials of these files; ``MetadataError`` naming a file it cannot read."""
         return grpc.ssl_channel_credentials(

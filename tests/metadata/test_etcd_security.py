@@ -18,7 +18,7 @@ from danube_ingest.metadata import (
     MetadataUnavailableError,
     Put,
 )
-from danube_ingest.metadata.etcd_security import EtcdSecurity
+from danube_ingest.metadata.etcd_security import ENV, EtcdSecurity
 from danube_ingest.testing import LocalEtcd
 from tests.certs import Certs
 from tests.secure_etcd import PASSWORD, PREFIX, USER, secure_etcd, user_security
@@ -174,3 +174,22 @@ async def test_etcd_restart_forgets_tokens_and_the_client_recovers(certs: Certs)
             assert (await kv.get(f"{PREFIX}/r")).value == b"3"  # type: ignore[union-attr]
         finally:
             await kv.close()
+
+
+def test_environment_wins_over_config_when_it_sets_anything(
+    certs: Certs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Parquet job started by Dagster gets endpoints and security from the environment;
+    its broker YAML's etcd section applies only when the environment says nothing."""
+    config = load_config(
+        None,
+        {"etcd.endpoints": "https://127.0.0.1:2379", "etcd.user": "yaml", "etcd.password": "p"},
+    )
+    for name in ENV.values():
+        monkeypatch.delenv(name, raising=False)
+    assert EtcdSecurity.from_env_or_config(config.etcd).user == "yaml"
+    monkeypatch.setenv(ENV["user"], USER)
+    monkeypatch.setenv(ENV["password"], PASSWORD)
+    monkeypatch.setenv(ENV["ca_file"], str(certs.ca))
+    security = EtcdSecurity.from_env_or_config(config.etcd)
+    assert (security.user, security.password, security.ca_file) == (USER, PASSWORD, certs.ca)
