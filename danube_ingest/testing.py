@@ -18,7 +18,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -30,7 +30,8 @@ from danube_ingest.broker.server import Broker
 from danube_ingest.config import BrokerConfig, load_config
 from danube_ingest.metadata.errors import EtcdServerError
 from danube_ingest.metadata.etcd import EtcdKV
-from danube_ingest.metadata.server import EtcdServer
+from danube_ingest.metadata.etcd_security import EtcdSecurity
+from danube_ingest.metadata.server import EtcdServer, EtcdServerTls
 
 #: Tries with fresh ports when a port handed out by ``free_port`` was taken in between.
 _START_ATTEMPTS = 3
@@ -97,8 +98,17 @@ class LocalEtcd(_ServerProcess):
     on exit. ``endpoint`` is the client URL; the server's log is ``server.log_path``.
     """
 
-    def __init__(self, *, fast: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        fast: bool = True,
+        tls: EtcdServerTls | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        """``tls``: serve the client port with TLS; ``extra_args``: more etcd flags."""
         self._fast = fast
+        self._tls = tls
+        self._extra_args = tuple(extra_args)
         self._temp_dir: Path | None = None
         self._server: EtcdServer | None = None
 
@@ -123,7 +133,13 @@ class LocalEtcd(_ServerProcess):
             while peer_port == client_port:
                 peer_port = free_port()
             server = EtcdServer(
-                self._temp_dir, client_port, peer_port, name="danube-test", fast=self._fast
+                self._temp_dir,
+                client_port,
+                peer_port,
+                name="danube-test",
+                fast=self._fast,
+                tls=self._tls,
+                extra_args=self._extra_args,
             )
             try:
                 server.start()
@@ -144,9 +160,11 @@ class LocalEtcd(_ServerProcess):
             self._server = None
         self._remove_temp_dir()
 
-    async def connect(self, *, timeout: float = 5.0) -> EtcdKV:
+    async def connect(
+        self, *, timeout: float = 5.0, security: EtcdSecurity | None = None
+    ) -> EtcdKV:
         """A new ``EtcdKV`` connected to this server."""
-        return await EtcdKV.connect([self.endpoint], timeout=timeout)
+        return await EtcdKV.connect([self.endpoint], timeout=timeout, security=security)
 
     async def __aenter__(self) -> Self:
         await asyncio.to_thread(self.start)

@@ -11,6 +11,8 @@ from dagster import ConfigurableResource
 from danube_ingest.config.loader import load_config
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.metadata import EtcdKV, Keys
+from danube_ingest.metadata.etcd_security import ENV as ETCD_ENV
+from danube_ingest.metadata.etcd_security import EtcdSecurity
 from danube_ingest.objects.store import ObjectStore
 
 #: Environment variables naming the etcd cluster (as the broker's ``etcd:`` section does);
@@ -27,24 +29,61 @@ class EtcdResource(ConfigurableResource):  # type: ignore[type-arg]
     prefix: str = "/danube"
     """Key prefix (``etcd.prefix`` of the brokers)."""
     connect_timeout_seconds: float = 5.0
+    ca_file: str = ""
+    """CA of etcd's certificate for https:// endpoints (etcd.ca_file); empty: system roots."""
+    cert_file: str = ""
+    """Client certificate (etcd.cert_file); empty: none."""
+    key_file: str = ""
+    """Its key (etcd.key_file)."""
+    user: str = ""
+    """etcd user (etcd.user); empty: no auth. The password is never part of the resource:
+    it comes from ``password_file`` or the ``DANUBE_INGEST_ETCD_PASSWORD`` variable."""
+    password_file: str = ""
+    """File holding the user's password (etcd.password_file)."""
+
+    def _security_env(self) -> dict[str, str]:
+        env = {
+            ETCD_ENV["ca_file"]: self.ca_file,
+            ETCD_ENV["cert_file"]: self.cert_file,
+            ETCD_ENV["key_file"]: self.key_file,
+            ETCD_ENV["user"]: self.user,
+            ETCD_ENV["password_file"]: self.password_file,
+        }
+        password = os.environ.get(ETCD_ENV["password"])
+        if password:
+            env[ETCD_ENV["password"]] = password
+        return {name: value for name, value in env.items() if value}
 
     def child_env(self) -> dict[str, str]:
-        """The environment that gives a child process (the Spark job) the same cluster."""
-        return {ENDPOINTS_ENV: self.endpoints, PREFIX_ENV: self.prefix}
+        """The environment that gives a child process (the Spark job) the same cluster,
+        credentials included."""
+        return {ENDPOINTS_ENV: self.endpoints, PREFIX_ENV: self.prefix, **self._security_env()}
+
+    def security(self) -> EtcdSecurity:
+        """TLS files and user of this resource (reads the password file now)."""
+        return EtcdSecurity.from_env(self._security_env())
 
     @classmethod
     def from_env(cls) -> "EtcdResource":
-        """Endpoints and prefix from the environment, with the broker's defaults."""
+        """Endpoints, prefix and security from the environment (``DANUBE_INGEST_ETCD_*``),
+        with the broker's defaults."""
         return cls(
             endpoints=os.environ.get(ENDPOINTS_ENV, cls.model_fields["endpoints"].default),
             prefix=os.environ.get(PREFIX_ENV, cls.model_fields["prefix"].default),
+            ca_file=os.environ.get(ETCD_ENV["ca_file"], ""),
+            cert_file=os.environ.get(ETCD_ENV["cert_file"], ""),
+            key_file=os.environ.get(ETCD_ENV["key_file"], ""),
+            user=os.environ.get(ETCD_ENV["user"], ""),
+            password_file=os.environ.get(ETCD_ENV["password_file"], ""),
         )
 
     @asynccontextmanager
     async def connect(self) -> AsyncIterator[tuple[EtcdKV, Keys]]:
         """A connected client and the key layout; ``MetadataUnavailableError`` if unreachable."""
         endpoints = [e.strip() for e in self.endpoints.split(",") if e.strip()]
-        kv = await EtcdKV.connect(endpoints, timeout=self.connect_timeout_seconds)
+        kv = await EtcdKV.connect(
+            endpoints, timeout=self.connect_timeout_seconds, security=self.security()
+        )
         try:
             yield kv, Keys(self.prefix)
         finally:

@@ -7,6 +7,7 @@
 * ``keys``: ``Keys`` on a fresh random prefix, so tests sharing the server never collide.
 * ``s3_server`` (session): a ``MotoServer`` (moto S3 in a child process). Every test that uses
   it is marked ``s3`` automatically.
+* ``certs`` (session): a CA, server and client certificates as PEM files (``tests.certs``).
 * ``produced`` (session): three topics produced through danube-client into the real daemon
   (``tests.analytics.daemon_support``), made once for every test that needs them (about a
   minute). Its ``objects`` directory is shared and read-only by convention: a test that writes
@@ -27,6 +28,7 @@ from danube_ingest.testing import LocalEtcd, MotoServer
 
 if TYPE_CHECKING:
     from tests.analytics.daemon_support import Produced
+    from tests.certs import Certs
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -70,6 +72,13 @@ def keys() -> Keys:
 def s3_server() -> Iterator[MotoServer]:
     with MotoServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    from tests.certs import make_certs
+
+    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 @pytest.fixture(scope="session")

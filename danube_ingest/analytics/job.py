@@ -47,6 +47,7 @@ from danube_ingest.config import load_config
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.errors import ConfigError, DanubeIngestError
 from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.etcd_security import EtcdSecurity
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.objects.store import ObjectStore
 
@@ -116,7 +117,11 @@ async def _run(args: argparse.Namespace, config: BrokerConfig) -> ConvertResult:
     spec = StoreSpec.from_config(config) if args.engine == "spark" else None
     spark = _session() if args.engine == "spark" else None
     objects = ObjectStore.from_config(config)
-    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    kv = await EtcdKV.connect(
+        endpoints,
+        timeout=config.etcd.connect_timeout_seconds,
+        security=EtcdSecurity.from_env_or_config(config.etcd),
+    )
     try:
         return await convert(
             kv=kv,

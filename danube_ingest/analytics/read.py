@@ -52,6 +52,7 @@ from danube_ingest.analytics.records import PartitionCommit, TableKeys
 from danube_ingest.analytics.renditions import hold, read_rendition
 from danube_ingest.config import load_config
 from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.etcd_security import EtcdSecurity
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV
 from danube_ingest.objects.store import ObjectStore
@@ -195,8 +196,10 @@ class TopicRead:
         endpoints: Sequence[str],
         prefix: str,
         warehouse: StoreSpec,
+        security: EtcdSecurity | None = None,
     ) -> None:
         self.topic = topic
+        self._security = security
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name=f"hold-{topic}", daemon=True
@@ -225,7 +228,7 @@ class TopicRead:
         prefix: str,
         warehouse: StoreSpec,
     ) -> DataFrame:
-        kv = await EtcdKV.connect(list(endpoints), timeout=5.0)
+        kv = await EtcdKV.connect(list(endpoints), timeout=5.0, security=self._security)
         self._stack.push_async_callback(kv.close)
         reading = open_topic(
             spark, topic, start, end, kv=kv, keys=Keys(prefix), warehouse=warehouse
@@ -267,13 +270,16 @@ def read_topic(
     endpoints: Sequence[str] | None = None,
     prefix: str | None = None,
     warehouse: StoreSpec | None = None,
+    security: EtcdSecurity | None = None,
 ) -> TopicRead:
     """The committed partitions of ``topic``'s active rendition overlapping ``[start, end)``
     (datetimes, ISO 8601 strings or epoch ms; None: unbounded), held until released.
 
     ``endpoints``/``prefix`` default to ``$DANUBE_INGEST_ETCD_ENDPOINTS`` /
     ``$DANUBE_INGEST_ETCD_PREFIX``, then the config of ``$DANUBE_INGEST_CONFIG`` (whose
-    ``storage.cloud`` is also the default ``warehouse``). Use as ``with read_topic(...) as
+    ``storage.cloud`` is also the default ``warehouse``). ``security`` (etcd TLS and user)
+    defaults to ``$DANUBE_INGEST_ETCD_*`` (``EtcdSecurity.from_env``), else that config's
+    ``etcd`` section. Use as ``with read_topic(...) as
     df:``, or keep the returned :class:`TopicRead` and call ``release()``.
     """
     config = None
@@ -289,6 +295,12 @@ def read_topic(
     if warehouse is None:
         assert config is not None
         warehouse = StoreSpec.from_config(config)
+    if security is None:
+        security = (
+            EtcdSecurity.from_env()
+            if config is None
+            else EtcdSecurity.from_env_or_config(config.etcd)
+        )
     return TopicRead(
         spark,
         topic,
@@ -297,4 +309,5 @@ def read_topic(
         endpoints=endpoints,
         prefix=prefix,
         warehouse=warehouse,
+        security=security,
     )

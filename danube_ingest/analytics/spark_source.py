@@ -36,6 +36,7 @@ from danube_ingest.analytics.decode import SchemaDecoder, load_decoder
 from danube_ingest.analytics.source import MAX_ROWS, ReadPart, plan_reads, read_part
 from danube_ingest.errors import ConfigError
 from danube_ingest.metadata import EtcdKV, Keys
+from danube_ingest.metadata.etcd_security import EtcdSecurity
 from danube_ingest.metadata.keys import split_topic
 from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.objects.store import ObjectStore, is_credential_option
@@ -177,7 +178,10 @@ class _Settings:
         return ObjectStore(self.backend, options=dict(self.store_options))
 
     async def _connect(self) -> EtcdKV:
-        return await EtcdKV.connect(self.endpoints, timeout=self.etcd_timeout)
+        # TLS files and user from DANUBE_INGEST_ETCD_* (the Dagster resource passes them on).
+        return await EtcdKV.connect(
+            self.endpoints, timeout=self.etcd_timeout, security=EtcdSecurity.from_env()
+        )
 
     async def load_decoder(self) -> SchemaDecoder | None:
         kv = await self._connect()

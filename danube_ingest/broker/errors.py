@@ -10,6 +10,8 @@
      ├── InvalidRequestError         INVALID_ARGUMENT     oversize payload, too many attributes...
      ├── LimitExceededError          RESOURCE_EXHAUSTED   too many producers / consumers
      └── ListenError                 (start-up)           the listen address cannot be bound
+          ├── InsecureListenError     (start-up)           plain gRPC beyond loopback, not allowed
+          └── TlsSetupError           (start-up)           a TLS file is unreadable or not PEM
 
 Errors raised by other layers are mapped in ``broker.status``.
 """
@@ -57,3 +59,13 @@ class LimitExceededError(BrokerError):
 class ListenError(BrokerError):
     """The broker cannot bind its listen address (in use by another process, or not an
     address of this host). Raised by ``Broker.start`` before anything is served."""
+
+
+class InsecureListenError(ListenError):
+    """The listen address is not loopback, TLS is off and ``broker.allow_insecure`` is not
+    set (``broker.tls``): the broker refuses to start rather than serve plain gRPC there."""
+
+
+class TlsSetupError(ListenError):
+    """A ``broker.tls`` file cannot be read, is not PEM of the right kind, or the key does
+    not match the certificate. The message names the key and the file."""

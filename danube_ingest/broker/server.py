@@ -27,14 +27,16 @@ from danube.proto import SchemaRegistry_pb2_grpc as schema_grpc
 from prometheus_client import CollectorRegistry
 
 from danube_ingest.broker.batch import add_ingest_service
-from danube_ingest.broker.errors import ListenError
+from danube_ingest.broker.errors import ListenError, TlsSetupError
 from danube_ingest.broker.services import add_services
+from danube_ingest.broker.tls import check_listen, server_credentials
 from danube_ingest.broker.topics import TopicManager
 from danube_ingest.config import BrokerConfig
 from danube_ingest.datadir import DataDirLock, data_dir_id
 from danube_ingest.dispatch import DispatchPolicy, PoisonPolicy
 from danube_ingest.metadata.errors import BrokerIdConflictError
 from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.etcd_security import EtcdSecurity
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV, KeyValue, MemoryKV
 from danube_ingest.metadata.manifest import Manifest
@@ -235,7 +237,9 @@ class Broker:
                 self._kv = MemoryKV()
             else:
                 self._kv = await EtcdKV.connect(
-                    endpoints, timeout=config.etcd.connect_timeout_seconds
+                    endpoints,
+                    timeout=config.etcd.connect_timeout_seconds,
+                    security=EtcdSecurity.from_config(config.etcd),
                 )
         kv = self._kv
         keys = Keys(config.etcd.prefix)
@@ -278,10 +282,12 @@ class Broker:
         schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), gate)
         gate.open()
         self._serving = True
+        tls = config.broker.tls
         log.info(
-            "broker started broker_id=%s url=%s wal=%s metrics=%s",
+            "broker started broker_id=%s url=%s tls=%s wal=%s metrics=%s",
             config.broker.broker_id,
             self.url,
+            ("mutual" if tls.require_client_cert else "on") if tls.enabled else "off",
             config.wal_dir() if config.storage.mode != "memory" else "memory",
             self.metrics_url or "off",
         )
@@ -349,15 +355,27 @@ class Broker:
             ],
         )
         listen = config.broker.listen
+        tls = config.broker.tls
+        check_listen(config.broker)
         try:
-            self.port = server.add_insecure_port(listen)
+            if tls.enabled:
+                self.port = server.add_secure_port(listen, server_credentials(tls))
+            else:
+                self.port = server.add_insecure_port(listen)
         except RuntimeError as exc:
+            if tls.enabled:
+                raise TlsSetupError(
+                    f"cannot listen with TLS on {listen}: broker.tls.key_file ({tls.key_file}) "
+                    f"may not be the key of broker.tls.cert_file ({tls.cert_file}), or the port "
+                    "is in use by another process or the address is not one of this host"
+                ) from exc
             raise ListenError(
                 f"cannot listen on {listen}: the port is in use by another process or the "
                 "address is not one of this host; stop that process or choose another --listen"
             ) from exc
         host = listen.rsplit(":", 1)[0]
-        self.url = config.broker.advertised_url or f"http://{host}:{self.port}"
+        scheme = "https" if tls.enabled else "http"
+        self.url = config.broker.advertised_url or f"{scheme}://{host}:{self.port}"
         return server
 
     def _start_cold_path(self, kv: KV, keys: Keys, ownership: Ownership) -> Manifest | None:

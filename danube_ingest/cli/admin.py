@@ -19,6 +19,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from danube_ingest.broker.deletion import delete_topic
+from danube_ingest.cli.etcd_args import add_etcd_security, etcd_security
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.etcd import EtcdKV
@@ -80,6 +81,7 @@ def register(commands: Any) -> None:
 def _etcd_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--etcd", default="http://127.0.0.1:2379", help="etcd endpoint URL(s)")
     parser.add_argument("--prefix", default="/danube", help="metadata key prefix")
+    add_etcd_security(parser)
 
 
 def _sync(handler: Any) -> Any:
@@ -90,7 +92,7 @@ def _sync(handler: Any) -> Any:
 
 
 async def _connect(args: argparse.Namespace) -> tuple[EtcdKV, Keys, Records]:
-    kv = await EtcdKV.connect(args.etcd.split(","), timeout=5.0)
+    kv = await EtcdKV.connect(args.etcd.split(","), timeout=5.0, security=etcd_security(args))
     keys = Keys(args.prefix)
     return kv, keys, Records(kv, keys)
 

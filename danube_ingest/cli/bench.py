@@ -27,12 +27,16 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from danube_ingest.cli import client as cli_client
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.cli.progress import ProgressLine
-from danube_ingest.client import Consumer, Producer, PublishError
+from danube_ingest.cli.tls_args import danube_builder, tls_options
+from danube_ingest.client import Consumer, Producer, PublishError, TlsOptions
+
+if TYPE_CHECKING:
+    from danube import DanubeClientBuilder
 
 #: The percentiles every latency figure reports.
 PERCENTILES = (50.0, 90.0, 99.0)
@@ -130,6 +134,7 @@ async def publish_ingest(
     in_flight: int = 8,
     linger_ms: float = 5.0,
     progress: ProgressLine | None = None,
+    tls: TlsOptions | None = None,
 ) -> PublishFigures:
     """Publish ``count`` messages of ``size`` bytes to ``topic`` from ``concurrency`` batch
     ``Producer`` objects (``batch`` messages per batch, ``in_flight`` batches each); return
@@ -165,6 +170,7 @@ async def publish_ingest(
             max_in_flight=in_flight,
             max_buffered=batch * (in_flight + 2),
             linger_ms=linger_ms,
+            tls=tls,
         ) as producer:
             for _ in range(share):
                 sent_at = time.perf_counter()
@@ -197,13 +203,14 @@ async def publish_danube(
     *,
     concurrency: int = 1,
     progress: ProgressLine | None = None,
+    builder: DanubeClientBuilder | None = None,
 ) -> PublishFigures:
     """Publish ``count`` messages of ``size`` bytes through danube-client: one producer,
     ``concurrency`` tasks each awaiting one send at a time (so ``concurrency`` sends in
     flight); batch size 1 by construction."""
     from danube import DanubeClientBuilder, DispatchStrategy
 
-    client = await DanubeClientBuilder().service_url(url).build()
+    client = await (builder or DanubeClientBuilder().service_url(url)).build()
     producer = (
         client.new_producer()
         .with_topic(topic)
@@ -244,6 +251,7 @@ async def consume_ingest(
     max_batch: int = 1000,
     progress: ProgressLine | None = None,
     timeout: float = 60.0,
+    tls: TlsOptions | None = None,
 ) -> ConsumeFigures:
     """Receive and acknowledge ``count`` messages from ``first_offset`` on, through a new
     Exclusive subscription (``bench-`` and a random suffix; left behind, fully acked).
@@ -257,6 +265,7 @@ async def consume_ingest(
         consumer_name="bench",
         start=max(first_offset, 0),
         max_batch=max_batch,
+        tls=tls,
     ) as consumer:
         async with asyncio.timeout(timeout):
             while received < count:
@@ -333,7 +342,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 async def _run_bench(args: argparse.Namespace) -> None:
-    await cli_client.check_reachable(args.service_url, args.connect_timeout)
+    tls = tls_options(args)
+    await cli_client.check_reachable(args.service_url, args.connect_timeout, tls)
     pressure = cpu_pressure()
     with ProgressLine("published", args.count) as progress:
         if args.client == "danube":
@@ -344,6 +354,7 @@ async def _run_bench(args: argparse.Namespace) -> None:
                 args.size,
                 concurrency=args.concurrency,
                 progress=progress,
+                builder=danube_builder(args),
             )
         else:
             figures = await publish_ingest(
@@ -356,6 +367,7 @@ async def _run_bench(args: argparse.Namespace) -> None:
                 in_flight=args.in_flight,
                 linger_ms=args.linger_ms,
                 progress=progress,
+                tls=tls,
             )
     consumed: ConsumeFigures | None = None
     if args.consume:
@@ -367,6 +379,7 @@ async def _run_bench(args: argparse.Namespace) -> None:
                 figures.stored,
                 max_batch=args.batch,
                 progress=progress,
+                tls=tls,
             )
     result: dict[str, Any] = {
         "benchmark": "cli_bench",

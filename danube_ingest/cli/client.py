@@ -29,7 +29,17 @@ from danube_ingest.broker.start import InvalidStartPositionError, StartPosition
 from danube_ingest.cli import danube_client
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.cli.progress import ProgressLine
-from danube_ingest.client import Batch, ClientError, Consumer, Producer, PublishError, target
+from danube_ingest.cli.tls_args import add_tls_options, tls_options
+from danube_ingest.client import (
+    Batch,
+    ClientError,
+    Consumer,
+    Producer,
+    PublishError,
+    TlsOptions,
+    open_channel,
+    target,
+)
 from danube_ingest.errors import DanubeIngestError
 
 #: Where ``consume`` starts a subscription it creates. Danube (and danube-client) start a new
@@ -186,6 +196,7 @@ def common(parser: argparse.ArgumentParser, *, topic_required: bool = True) -> N
         default=DEFAULT_CONNECT_TIMEOUT,
         help="seconds to wait for the broker to answer before giving up (exit 1)",
     )
+    add_tls_options(parser)
 
 
 def batching(parser: argparse.ArgumentParser) -> None:
@@ -216,17 +227,42 @@ def batching(parser: argparse.ArgumentParser) -> None:
 # -- running -----------------------------------------------------------------------------------
 
 
-async def check_reachable(url: str, timeout: float) -> None:
-    """Return once the broker at ``url`` accepts a connection; ``BrokerUnreachableError``
-    after ``timeout`` seconds (both clients would otherwise retry for ever)."""
-    async with grpc.aio.insecure_channel(target(url)) as channel:
+async def check_reachable(url: str, timeout: float, tls: TlsOptions | None = None) -> None:
+    """Return once the broker at ``url`` accepts a connection (with ``tls``, a TLS one);
+    ``BrokerUnreachableError`` after ``timeout`` seconds (both clients would otherwise retry
+    for ever), saying whether the port answered at all (then TLS is the likely mismatch)."""
+    async with open_channel(url, tls) as channel:
         try:
             await asyncio.wait_for(channel.channel_ready(), timeout)
         except TimeoutError:
+            if await _port_open(target(url)):
+                secure = tls is not None or url.startswith("https://")
+                hint = (
+                    "does it serve TLS with a certificate this CA signed (--ca-file), and "
+                    "does it require a client certificate (--cert-file, --key-file)?"
+                    if secure
+                    else "does it serve TLS? then use --ca-file or an https:// --service-url"
+                )
+                raise BrokerUnreachableError(
+                    f"the broker at {url} accepts connections but no gRPC session was "
+                    f"established within {timeout:g} s: {hint}"
+                ) from None
             raise BrokerUnreachableError(
                 f"no broker answered at {url} within {timeout:g} s: start one (e.g. `make dev`) "
                 "or pass its address with --service-url"
             ) from None
+
+
+async def _port_open(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(host.strip("[]"), int(port)), 1.0
+        )
+    except (OSError, ValueError, TimeoutError):
+        return False
+    writer.close()
+    return True
 
 
 def run(coro: Coroutine[Any, Any, None]) -> int:
@@ -282,7 +318,8 @@ class Tally:
 
 
 async def _produce_ingest(args: argparse.Namespace) -> None:
-    await check_reachable(args.service_url, args.connect_timeout)
+    tls = tls_options(args)
+    await check_reachable(args.service_url, args.connect_timeout, tls)
     topics = [partition_name(args.topic, i) for i in range(args.partitions)] or [args.topic]
     producers = [
         Producer(
@@ -294,6 +331,7 @@ async def _produce_ingest(args: argparse.Namespace) -> None:
             max_in_flight=args.in_flight,
             linger_ms=args.linger_ms,
             compression=args.compression,
+            tls=tls,
         )
         for topic in topics
     ]
@@ -341,8 +379,9 @@ def consumer_start(
 
 
 async def _consume_ingest(args: argparse.Namespace) -> None:
-    await check_reachable(args.service_url, args.connect_timeout)
-    topics = await danube_client.partitions(args.service_url, args.topic)
+    tls = tls_options(args)
+    await check_reachable(args.service_url, args.connect_timeout, tls)
+    topics = await danube_client.partitions(args.service_url, args.topic, tls)
     consumers = [
         Consumer(
             args.service_url,
@@ -352,6 +391,7 @@ async def _consume_ingest(args: argparse.Namespace) -> None:
             sub_type=args.type,
             start=consumer_start(args.start),
             max_batch=args.max_batch,
+            tls=tls,
         )
         for topic in topics
     ]
@@ -416,7 +456,7 @@ def _consume(args: argparse.Namespace) -> int:
 
 async def _with_check(args: argparse.Namespace, command: Coroutine[Any, Any, None]) -> None:
     try:
-        await check_reachable(args.service_url, args.connect_timeout)
+        await check_reachable(args.service_url, args.connect_timeout, tls_options(args))
     except BaseException:
         command.close()
         raise

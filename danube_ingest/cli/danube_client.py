@@ -11,7 +11,6 @@ import time
 import grpc
 from danube import (
     ConsumerOptions,
-    DanubeClientBuilder,
     DispatchStrategy,
     ProducerOptions,
     SubType,
@@ -21,7 +20,8 @@ from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
 from danube_ingest.broker.start import LATEST, METADATA_KEY, StartPosition
 from danube_ingest.cli.progress import ProgressLine
-from danube_ingest.client import target
+from danube_ingest.cli.tls_args import danube_builder, tls_options
+from danube_ingest.client import TlsOptions, open_channel
 
 SUB_TYPES = {
     "exclusive": SubType.EXCLUSIVE,
@@ -33,7 +33,7 @@ SUB_TYPES = {
 
 async def produce(args: argparse.Namespace) -> None:
     """Send ``args.count`` messages one by one, each awaited (stored once it returns)."""
-    client = await DanubeClientBuilder().service_url(args.service_url).build()
+    client = await danube_builder(args).build()
     builder = (
         client.new_producer()
         .with_topic(args.topic)
@@ -70,7 +70,7 @@ async def produce(args: argparse.Namespace) -> None:
 
 async def consume(args: argparse.Namespace) -> None:
     """Receive, print (unless ``--quiet``) and acknowledge messages one by one."""
-    client = await DanubeClientBuilder().service_url(args.service_url).build()
+    client = await danube_builder(args).build()
     consumer = (
         client.new_consumer()
         .with_topic(args.topic)
@@ -110,7 +110,8 @@ async def _create_subscription(args: argparse.Namespace, start: StartPosition) -
     ``start`` if it does not exist yet, and changes nothing for one that does.
     """
     metadata = ((METADATA_KEY, start.to_metadata()),)
-    async with grpc.aio.insecure_channel(target(args.service_url)) as channel:
+    tls = tls_options(args)
+    async with open_channel(args.service_url, tls) as channel:
         discovery = pb_grpc.DiscoveryStub(channel)
         request = pb.TopicLookupRequest(request_id=1, topic=args.topic)
         partitions = list((await discovery.TopicPartitions(request)).partitions) or [args.topic]
@@ -123,7 +124,7 @@ async def _create_subscription(args: argparse.Namespace, start: StartPosition) -
                 url = lookup.connect_url or url
             except grpc.aio.AioRpcError:
                 pass  # as danube-client does: fall back to the service URL
-            async with grpc.aio.insecure_channel(target(url)) as owner:
+            async with open_channel(url, tls) as owner:
                 await pb_grpc.ConsumerServiceStub(owner).Subscribe(
                     pb.ConsumerRequest(
                         request_id=3,
@@ -136,10 +137,10 @@ async def _create_subscription(args: argparse.Namespace, start: StartPosition) -
                 )
 
 
-async def partitions(url: str, topic: str) -> list[str]:
+async def partitions(url: str, topic: str, tls: TlsOptions | None = None) -> list[str]:
     """The topics to read for ``topic``: itself, or its ``-part-N`` partitions (NOT_FOUND as
     ``grpc.aio.AioRpcError`` when neither exists)."""
-    async with grpc.aio.insecure_channel(target(url)) as channel:
+    async with open_channel(url, tls) as channel:
         discovery = pb_grpc.DiscoveryStub(channel)
         request = pb.TopicLookupRequest(request_id=1, topic=topic)
         return list((await discovery.TopicPartitions(request)).partitions) or [topic]

@@ -16,6 +16,7 @@ from typing import Any
 
 from danube_ingest.config import load_config
 from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.etcd_security import EtcdSecurity
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.records import Records
@@ -74,7 +75,11 @@ async def _open(args: argparse.Namespace) -> tuple[Keys, ObjectStore, EtcdKV]:
     config = load_config(args.config, overrides)
     endpoints = args.etcd.split(",") if args.etcd else config.etcd.endpoints
     objects = ObjectStore.from_config(config)
-    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    kv = await EtcdKV.connect(
+        endpoints,
+        timeout=config.etcd.connect_timeout_seconds,
+        security=EtcdSecurity.from_config(config.etcd),
+    )
     return Keys(args.prefix or config.etcd.prefix), objects, kv
 
 

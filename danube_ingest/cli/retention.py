@@ -12,6 +12,7 @@ import argparse
 import asyncio
 from typing import Any
 
+from danube_ingest.cli.etcd_args import add_etcd_security, etcd_security
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.config.values import parse_duration, parse_size
 from danube_ingest.errors import ConfigError
@@ -55,6 +56,7 @@ def _common(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     )
     parser.add_argument("--etcd", default="http://127.0.0.1:2379", help="etcd endpoint URL(s)")
     parser.add_argument("--prefix", default="/danube", help="metadata key prefix")
+    add_etcd_security(parser)
 
 
 def _sync(handler: Any) -> Any:
@@ -111,7 +113,7 @@ async def _open(args: argparse.Namespace) -> tuple[EtcdKV, Policies]:
     keys = Keys(args.prefix)
     if args.scope is not None:
         keys.policy(args.scope)  # a malformed scope fails before connecting
-    kv = await EtcdKV.connect(args.etcd.split(","), timeout=5.0)
+    kv = await EtcdKV.connect(args.etcd.split(","), timeout=5.0, security=etcd_security(args))
     return kv, Policies(kv, keys)
 
 

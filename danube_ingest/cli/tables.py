@@ -49,6 +49,7 @@ from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.config import load_config
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.etcd_security import EtcdSecurity
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import Get
 from danube_ingest.metadata.records import Records
@@ -169,7 +170,11 @@ def _list(args: argparse.Namespace) -> int:
 
 async def _list_async(args: argparse.Namespace) -> int:
     config, endpoints, keys = _config(args)
-    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    kv = await EtcdKV.connect(
+        endpoints,
+        timeout=config.etcd.connect_timeout_seconds,
+        security=EtcdSecurity.from_config(config.etcd),
+    )
     try:
         topic = getattr(args, "topic", None)
         topics = [topic] if topic else [r.name for r in await Records(kv, keys).list_topics()]
@@ -267,7 +272,11 @@ async def _convert_async(args: argparse.Namespace) -> int:
         spec = StoreSpec.from_config(config)
         spark = SparkSession.builder.appName("danube-ingest-tables-convert").getOrCreate()
     objects = ObjectStore.from_config(config)
-    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    kv = await EtcdKV.connect(
+        endpoints,
+        timeout=config.etcd.connect_timeout_seconds,
+        security=EtcdSecurity.from_config(config.etcd),
+    )
     try:
         if args.wait > 0 and not await _wait_complete(
             kv, keys, args.topic, args.width_s, args.wait
@@ -320,7 +329,11 @@ def _rendition(args: argparse.Namespace) -> int:
 
 async def _rendition_async(args: argparse.Namespace) -> int:
     config, endpoints, keys = _config(args)
-    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    kv = await EtcdKV.connect(
+        endpoints,
+        timeout=config.etcd.connect_timeout_seconds,
+        security=EtcdSecurity.from_config(config.etcd),
+    )
     try:
         name = await new_rendition(kv, keys, args.topic)
     except RenditionError as exc:
@@ -338,7 +351,11 @@ def _activate(args: argparse.Namespace) -> int:
 
 async def _activate_async(args: argparse.Namespace) -> int:
     config, endpoints, keys = _config(args)
-    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    kv = await EtcdKV.connect(
+        endpoints,
+        timeout=config.etcd.connect_timeout_seconds,
+        security=EtcdSecurity.from_config(config.etcd),
+    )
     try:
         table = await activate(kv, keys, args.topic, args.rendition)
     except RenditionError as exc:
@@ -357,7 +374,11 @@ def _collect(args: argparse.Namespace) -> int:
 async def _collect_async(args: argparse.Namespace) -> int:
     config, endpoints, keys = _config(args)
     objects = ObjectStore.from_config(config)
-    kv = await EtcdKV.connect(endpoints, timeout=config.etcd.connect_timeout_seconds)
+    kv = await EtcdKV.connect(
+        endpoints,
+        timeout=config.etcd.connect_timeout_seconds,
+        security=EtcdSecurity.from_config(config.etcd),
+    )
     try:
         result = await collect(
             kv,

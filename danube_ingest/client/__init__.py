@@ -7,6 +7,7 @@ ranges. See docs/design/batch_protocol.md for the wire format and guarantees.
 from danube_ingest.client._consumer import Batch, Consumer, SubType, decode_batch
 from danube_ingest.client._errors import ClientError, ConsumeError, PublishError
 from danube_ingest.client._producer import Compression, Producer, new_producer_id, target
+from danube_ingest.client._tls import TlsOptions, open_channel
 
 __all__ = [
     "Batch",
@@ -17,7 +18,9 @@ __all__ = [
     "Producer",
     "PublishError",
     "SubType",
+    "TlsOptions",
     "decode_batch",
     "new_producer_id",
+    "open_channel",
     "target",
 ]

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from danube_ingest.client._errors import ConsumeError
-from danube_ingest.client._producer import target
+from danube_ingest.client._tls import TlsOptions, open_channel
 from danube_ingest.proto import ingest_pb2 as pb
 from danube_ingest.proto import ingest_pb2_grpc as pb_grpc
 from danube_ingest.wal.framing import BATCH_HEADER_SIZE, Entry, decode_messages
@@ -88,6 +88,8 @@ class Consumer:
     ``ACKED_RANGES_KEPT`` acked ranges). Two consumers of the same name take the stream from
     each other; give each its own name. Errors that a retry cannot mend (a bad topic name,
     INVALID_ARGUMENT, NOT_FOUND...) end the iteration with :class:`ConsumeError`.
+
+    ``tls``: as for :class:`Producer`.
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class Consumer:
         key_filters: Iterable[str] = (),
         max_batch: int = 1000,
         channel: grpc.aio.Channel | None = None,
+        tls: TlsOptions | None = None,
         reconnect: bool = True,
         retry_backoff_ms: float = 50.0,
         max_backoff_ms: float = 2000.0,
@@ -110,6 +113,7 @@ class Consumer:
         self.topic = topic
         self.sub_type = sub_type
         self._url = url
+        self._tls = tls
         self._own_channel = channel is None
         self._channel = channel
         self._subscribe = pb.Subscribe(
@@ -158,7 +162,7 @@ class Consumer:
         """Open the stream and subscribe; returns once subscribed (``ConsumeError`` if the
         daemon refuses; the first subscribe is not retried)."""
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(target(self._url))
+            self._channel = open_channel(self._url, self._tls)
         await self._open()
 
     async def _open(self) -> None:

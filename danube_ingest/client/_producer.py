@@ -18,6 +18,7 @@ import zstandard
 from crc32c import crc32c
 
 from danube_ingest.client._errors import PublishError
+from danube_ingest.client._tls import TlsOptions, open_channel
 from danube_ingest.errors import InvalidEntryError
 from danube_ingest.proto import ingest_pb2 as pb
 from danube_ingest.proto import ingest_pb2_grpc as pb_grpc
@@ -106,6 +107,9 @@ class Producer:
     is refused the same way (INVALID_ARGUMENT) without being sent; the rest of its batch goes
     on. ``flush`` waits for
     everything sent so far; ``close`` flushes, then closes the channel.
+
+    ``tls`` (:class:`TlsOptions`) connects with TLS (a private CA, a client certificate for
+    mutual TLS); an ``https://`` URL alone does too, with the system's trusted roots.
     """
 
     def __init__(
@@ -124,11 +128,13 @@ class Producer:
         retry_backoff_ms: float = 50.0,
         max_backoff_ms: float = 2000.0,
         channel: grpc.aio.Channel | None = None,
+        tls: TlsOptions | None = None,
     ) -> None:
         self.topic = topic
         self.producer_name = producer_name
         self.producer_id = new_producer_id() if idempotent else 0
         self._url = url
+        self._tls = tls
         self._max_messages = max_batch_messages
         self._max_bytes = max_batch_bytes
         self._linger = linger_ms / 1000.0
@@ -171,7 +177,7 @@ class Producer:
     async def start(self) -> None:
         """Open the channel and the publish stream (reconnected as needed)."""
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(target(self._url))
+            self._channel = open_channel(self._url, self._tls)
         self._runner = asyncio.get_running_loop().create_task(self._run())
 
     async def send(

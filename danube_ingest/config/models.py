@@ -35,6 +35,53 @@ from danube_ingest.config.values import (
 from danube_ingest.errors import ConfigError
 
 
+class TlsConfig(_Section):
+    """TLS on the gRPC port (``broker.tls``); off unless cert_file and key_file are set."""
+
+    cert_file: _OptionalPath = Field(
+        default=None,
+        description=(
+            "PEM certificate chain the broker presents (its subject alternative names must "
+            "cover the host names clients connect to). Set with key_file to serve TLS only."
+        ),
+    )
+    key_file: _OptionalPath = Field(
+        default=None,
+        description="PEM private key of cert_file. Keep it readable by the broker only.",
+    )
+    client_ca_file: _OptionalPath = Field(
+        default=None,
+        description=(
+            "PEM CA certificates that client certificates are checked against (mutual TLS). "
+            "Null: clients are not asked for a certificate."
+        ),
+    )
+    require_client_cert: bool = Field(
+        default=False,
+        description=(
+            "Refuse clients without a certificate signed by client_ca_file (mutual TLS). "
+            "False: clients are asked for a certificate but accepted without one, and gRPC "
+            "does not verify one they send; never trust its identity then."
+        ),
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the gRPC port serves TLS."""
+        return self.cert_file is not None
+
+    @model_validator(mode="after")
+    def _check_pairs(self) -> TlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            missing = "key_file" if self.key_file is None else "cert_file"
+            raise _FieldError(missing, "cert_file and key_file go together: set both or neither")
+        if self.client_ca_file is not None and not self.enabled:
+            raise _FieldError("client_ca_file", "needs cert_file and key_file (TLS) as well")
+        if self.require_client_cert and self.client_ca_file is None:
+            raise _FieldError("require_client_cert", "needs client_ca_file")
+        return self
+
+
 class BrokerSection(_Section):
     """Identity and addresses of this broker."""
 
@@ -68,6 +115,18 @@ class BrokerSection(_Section):
             "unless storage.cloud.root is set). One process at a time: the broker holds "
             "`{data_dir}/LOCK` (and the WAL directory's) while it runs, and a second one fails "
             "at once naming its pid. `{data_dir}/ID` identifies the directory. Local disk only."
+        ),
+    )
+
+    tls: TlsConfig = Field(
+        default_factory=TlsConfig, description="TLS (and mutual TLS) on the gRPC port."
+    )
+    allow_insecure: bool = Field(
+        default=False,
+        description=(
+            "Serve plain (unencrypted) gRPC on a listen address that is not loopback. Without "
+            "it such a broker refuses to start unless broker.tls is set; loopback addresses "
+            "(127.0.0.0/8, ::1, localhost) serve plain gRPC by default."
         ),
     )
 
@@ -431,7 +490,49 @@ class CloudConfig(_Section):
             raise _FieldError("bucket", f"is required when backend is {self.backend!r}")
         if self.backend == "s3" and self.region is None:
             raise _FieldError("region", "is required when backend is 's3'")
+        if self.backend == "s3":
+            _check_s3_encryption(self.options)
         return self
+
+
+#: S3's server-side encryption modes (opendal passes the value through; S3 refuses others
+#: only when an object is written, and moto not at all).
+_SSE_MODES = ("AES256", "aws:kms", "aws:kms:dsse")
+
+
+def _check_s3_encryption(options: Mapping[str, str]) -> None:
+    """Refuse s3 encryption options that S3 would refuse at the first PUT, or ignore."""
+    mode = options.get("server_side_encryption")
+    if mode is not None and mode not in _SSE_MODES:
+        raise _FieldError(
+            "options.server_side_encryption",
+            f"must be one of {', '.join(_SSE_MODES)} (got {mode!r})",
+        )
+    if "server_side_encryption_aws_kms_key_id" in options and not (mode or "").startswith(
+        "aws:kms"
+    ):
+        raise _FieldError(
+            "options.server_side_encryption_aws_kms_key_id",
+            "is ignored unless server_side_encryption is aws:kms: set that too",
+        )
+    customer = [key for key in options if key.startswith("server_side_encryption_customer_")]
+    if customer:
+        if mode is not None:
+            raise _FieldError(
+                "options.server_side_encryption",
+                "customer keys (server_side_encryption_customer_*) replace it: set one or "
+                "the other",
+            )
+        if options.get("server_side_encryption_customer_algorithm") != "AES256":
+            raise _FieldError(
+                "options.server_side_encryption_customer_algorithm",
+                "must be AES256 when a customer key is given",
+            )
+        if "server_side_encryption_customer_key" not in options:
+            raise _FieldError(
+                "options.server_side_encryption_customer_key",
+                "is required with server_side_encryption_customer_algorithm (base64 of 32 bytes)",
+            )
 
 
 class RotationConfig(_Section):
@@ -632,6 +733,30 @@ class EtcdConfig(_Section):
         gt=0,
         description="How long to wait for etcd to answer when connecting.",
     )
+    ca_file: _OptionalPath = Field(
+        default=None,
+        description=(
+            "PEM CA certificates etcd's server certificate is checked against, for `https://` "
+            "endpoints. Null: the system's trusted roots."
+        ),
+    )
+    cert_file: _OptionalPath = Field(
+        default=None,
+        description="PEM client certificate for etcd (`--client-cert-auth`); needs key_file.",
+    )
+    key_file: _OptionalPath = Field(default=None, description="PEM private key of cert_file.")
+    user: _OptionalStr = Field(
+        default=None,
+        description="etcd user name (etcd auth enabled); needs password or password_file.",
+    )
+    password: _OptionalSecret = Field(
+        default=None,
+        description="Password of user, usually `${ETCD_PASSWORD}`. Never printed.",
+    )
+    password_file: _OptionalPath = Field(
+        default=None,
+        description="File holding the password of user (trailing newline ignored).",
+    )
 
     @field_validator("endpoints", mode="before")
     @classmethod
@@ -646,6 +771,27 @@ class EtcdConfig(_Section):
         if not value.startswith("/") or len(value) < 2 or value.endswith("/"):
             raise ConfigError(f"must start with '/' and not end with '/' (got {value!r})")
         return value
+
+    @model_validator(mode="after")
+    def _check_security(self) -> EtcdConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            missing = "key_file" if self.key_file is None else "cert_file"
+            raise _FieldError(missing, "cert_file and key_file go together: set both or neither")
+        if self.password is not None and self.password_file is not None:
+            raise _FieldError("password_file", "set password or password_file, not both")
+        has_password = self.password is not None or self.password_file is not None
+        if (self.user is None) == has_password:
+            missing = "user" if self.user is None else "password"
+            raise _FieldError(missing, "user and password (or password_file) go together")
+        plain = [e for e in self.endpoints if e != "memory" and not e.startswith("https://")]
+        uses_tls = self.ca_file is not None or self.cert_file is not None
+        if uses_tls and plain:
+            raise _FieldError(
+                "endpoints",
+                f"ca_file / cert_file are set but {plain[0]!r} is not https://: use "
+                "https:// endpoints for an etcd with TLS",
+            )
+        return self
 
 
 class MetricsConfig(_Section):

@@ -6,7 +6,11 @@ Errors are mapped so callers never see ``aetcd`` or gRPC types:
   established) → ``MetadataUnavailableError`` (retriable);
 * a write that timed out or whose connection broke after it was sent →
   ``CommitStateUnknownError`` (re-read before retrying);
-* a put or refresh on a lease etcd no longer knows → ``LeaseExpiredError``.
+* a put or refresh on a lease etcd no longer knows → ``LeaseExpiredError``;
+* etcd auth (``EtcdSecurity``): wrong credentials, or an operation the user's roles do not
+  allow → ``MetadataError`` (permanent, naming what to fix); a token etcd forgot (restart,
+  idle past ``--auth-token-ttl``) → a new token is fetched and the call raises
+  ``MetadataUnavailableError`` (it was refused, so retrying is safe).
 
 Leases are granted, refreshed once per call (``refresh_lease``; the caller runs the keepalive
 loop, see ``BrokerSession``) and revoked. etcd rounds a TTL up to its minimum
@@ -34,6 +38,7 @@ from danube_ingest.metadata.errors import (
     MetadataUnavailableError,
     RevisionCompactedError,
 )
+from danube_ingest.metadata.etcd_security import INVALID_TOKEN, EtcdSecurity, SecureClient
 from danube_ingest.metadata.kv import (
     Compare,
     Delete,
@@ -73,6 +78,24 @@ _LEASE_NOT_FOUND = "requested lease not found"
 _COMPACTED = "required revision has been compacted"
 
 
+#: etcd's messages for wrong credentials, a request without a token while auth is enabled, and
+#: an operation the user's roles do not allow (aetcd has no exception class for the last).
+_AUTH_FAILED = "authentication failed"
+_USER_EMPTY = "user name is empty"
+_PERMISSION_DENIED = "permission denied"
+
+
+class _PermissionDeniedError(MetadataError):
+    """etcd refused an operation the user's roles do not allow."""
+
+
+def _auth_error(endpoint: str, what: str, exc: Exception) -> MetadataError:
+    return MetadataError(
+        f"etcd {endpoint}: {what}: etcd refused the credentials ({exc}): check etcd.user and "
+        "etcd.password / etcd.password_file (or the client certificate's name)"
+    )
+
+
 def _encode(key: str) -> bytes:
     return key.encode("utf-8", "surrogateescape")
 
@@ -96,10 +119,13 @@ def _never_sent(error: Exception) -> bool:
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """``"http://127.0.0.1:2379"`` (or ``"127.0.0.1:2379"``) → ``("127.0.0.1", 2379)``."""
+    """``"http://127.0.0.1:2379"`` (or ``"127.0.0.1:2379"``, or ``https://...``) →
+    ``("127.0.0.1", 2379)``."""
     parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    if parts.scheme != "http":
-        raise MetadataError(f"etcd endpoint {endpoint!r}: only plain http:// is supported")
+    if parts.scheme not in ("http", "https"):
+        raise MetadataError(
+            f"etcd endpoint {endpoint!r}: use http:// or https:// (TLS, see etcd.ca_file)"
+        )
     if not parts.hostname:
         raise MetadataError(f"etcd endpoint {endpoint!r} has no host")
     return parts.hostname, parts.port or 2379
@@ -161,25 +187,49 @@ class EtcdKV:
         self._closed = False
 
     @classmethod
-    async def connect(cls, endpoints: Sequence[str], *, timeout: float = 5.0) -> EtcdKV:
+    async def connect(
+        cls,
+        endpoints: Sequence[str],
+        *,
+        timeout: float = 5.0,
+        security: EtcdSecurity | None = None,
+    ) -> EtcdKV:
         """Connect to the first endpoint that answers a read within ``timeout`` seconds.
 
-        Raises ``MetadataUnavailableError`` naming every endpoint tried when none answers. A
+        ``https://`` endpoints use TLS with ``security``'s CA and client certificate (the
+        system's roots without a CA); ``security.user`` authenticates (etcd auth). Raises
+        ``MetadataUnavailableError`` naming every endpoint tried when none answers, and
+        ``MetadataError`` at once for wrong credentials or a TLS file that cannot be read. A
         connection stays with the endpoint it found; it does not fail over to another later.
         """
         if not endpoints:
             raise MetadataError("no etcd endpoints configured")
+        security = security or EtcdSecurity()
         failures: list[str] = []
         for endpoint in endpoints:
             host, port = parse_endpoint(endpoint)
-            client = aetcd.Client(host=host, port=port, timeout=timeout, options=_CHANNEL_OPTIONS)
+            tls = endpoint.startswith("https://")
+            client = SecureClient(
+                host=host,
+                port=port,
+                credentials=security.channel_credentials() if tls else None,
+                user=security.user,
+                password=security.password,
+                timeout=timeout,
+                options=_CHANNEL_OPTIONS,
+            )
             kv = cls(client, endpoint, timeout)
             try:
                 await kv.get("/")
-            except MetadataError as exc:
+            except _PermissionDeniedError:
+                pass  # a user without rights on "/": etcd answered and took the credentials
+            except MetadataUnavailableError as exc:
                 failures.append(str(exc))
                 await kv.close()
                 continue
+            except BaseException:
+                await kv.close()
+                raise
             log.info("etcd connected endpoint=%s", endpoint)
             return kv
         raise MetadataUnavailableError(
@@ -362,9 +412,31 @@ class EtcdKV:
             raise MetadataUnavailableError(
                 f"etcd {self._endpoint} is unavailable: {what} failed: {exc}"
             ) from exc
+        except aetcd.exceptions.UnauthenticatedError as exc:
+            if INVALID_TOKEN not in str(exc):
+                raise _auth_error(self._endpoint, what, exc) from exc
+            # etcd restarted or the token idled out: etcd refused the request (not applied).
+            try:
+                await self._client.reauthenticate()
+            except aetcd.ClientError as again:
+                raise MetadataUnavailableError(
+                    f"etcd {self._endpoint}: {what} was refused with an expired auth token, "
+                    f"and authenticating again failed: {again}"
+                ) from exc
+            raise MetadataUnavailableError(
+                f"etcd {self._endpoint}: {what} was refused with an expired auth token; "
+                "authenticated again: retry"
+            ) from exc
         except aetcd.ClientError as exc:
             if _LEASE_NOT_FOUND in str(exc):
                 raise LeaseExpiredError(
                     f"etcd {self._endpoint}: {what}: the lease has expired or was revoked"
+                ) from exc
+            if _AUTH_FAILED in str(exc) or _USER_EMPTY in str(exc):
+                raise _auth_error(self._endpoint, what, exc) from exc
+            if _PERMISSION_DENIED in str(exc):
+                raise _PermissionDeniedError(
+                    f"etcd {self._endpoint}: {what}: permission denied: grant the etcd user "
+                    "(etcd.user) a role with read and write access to etcd.prefix"
                 ) from exc
             raise MetadataError(f"etcd {self._endpoint}: {what} failed: {exc}") from exc

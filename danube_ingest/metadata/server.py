@@ -19,9 +19,12 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -78,11 +81,41 @@ def find_etcd_binary() -> Path:
     raise EtcdServerError(f"no etcd binary found: {_INSTALL_HINT}")
 
 
+@dataclass(frozen=True)
+class EtcdServerTls:
+    """TLS on an ``EtcdServer``'s client port (the peer port stays plain: one member).
+
+    With ``client_cert_auth`` etcd refuses clients without a certificate signed by
+    ``ca_file``; the health probe then presents ``cert_file`` itself, so that certificate must
+    also allow client authentication (extended key usage clientAuth).
+    """
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+    client_cert_auth: bool = False
+
+    def flags(self) -> list[str]:
+        """etcd's command-line flags for this."""
+        flags = ["--cert-file", str(self.cert_file), "--key-file", str(self.key_file)]
+        flags += ["--trusted-ca-file", str(self.ca_file)]
+        return [*flags, "--client-cert-auth"] if self.client_cert_auth else flags
+
+    def probe_context(self) -> ssl.SSLContext:
+        """An SSL context for the health probe."""
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        if self.client_cert_auth:
+            context.load_cert_chain(str(self.cert_file), str(self.key_file))
+        return context
+
+
 class EtcdServer:
     """One etcd member forming its own cluster, listening on ``host`` only.
 
     ``data_dir`` keeps the server's state across restarts (same ``name`` and ports required).
-    ``fast=True`` adds :data:`FAST_FLAGS`, meant for tests and local development.
+    ``fast=True`` adds :data:`FAST_FLAGS`, meant for tests and local development. ``tls``
+    serves the client port with TLS (``https://`` endpoint); ``extra_args`` are added to the
+    command line as they are (e.g. ``--auth-token-ttl``).
     """
 
     def __init__(
@@ -95,7 +128,11 @@ class EtcdServer:
         host: str = "127.0.0.1",
         fast: bool = False,
         binary: str | os.PathLike[str] | None = None,
+        tls: EtcdServerTls | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
+        self.tls = tls
+        self.extra_args = tuple(extra_args)
         self.data_dir = Path(data_dir)
         self.client_port = client_port
         self.peer_port = peer_port
@@ -108,8 +145,9 @@ class EtcdServer:
 
     @property
     def endpoint(self) -> str:
-        """The client URL, e.g. ``http://127.0.0.1:2379``."""
-        return f"http://{self.host}:{self.client_port}"
+        """The client URL, e.g. ``http://127.0.0.1:2379`` (``https://`` with ``tls``)."""
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -153,6 +191,9 @@ class EtcdServer:
             "--initial-cluster-state",
             "new",
         ]
+        if self.tls is not None:
+            args += self.tls.flags()
+        args += self.extra_args
         return [*args, *FAST_FLAGS] if self.fast else args
 
     def start(self) -> None:
@@ -201,7 +242,10 @@ class EtcdServer:
         Raises ``EtcdServerError`` (with the tail of the log) if the process exits or is not
         healthy within ``timeout`` seconds.
         """
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+        if self.tls is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=self.tls.probe_context()))
+        opener = urllib.request.build_opener(*handlers)
         deadline = time.monotonic() + timeout
         while True:
             if self._process is None or self._process.poll() is not None:

@@ -55,8 +55,10 @@ class Subscribed:
 class Clients:
     """A danube-client on one broker plus everything built through it; closed on exit."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, builder: DanubeClientBuilder | None = None) -> None:
+        """``builder``: a configured danube-client builder (TLS...); default: plain ``url``."""
         self.url = url
+        self._builder = builder
         self._client: DanubeClient | None = None
         self._producers: list[Producer] = []
         self._consumers: list[Consumer] = []
@@ -67,7 +69,8 @@ class Clients:
         return self._client
 
     async def __aenter__(self) -> Self:
-        self._client = await DanubeClientBuilder().service_url(self.url).build()
+        builder = self._builder or DanubeClientBuilder().service_url(self.url)
+        self._client = await builder.build()
         return self
 
     async def __aexit__(
