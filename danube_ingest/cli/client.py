@@ -29,6 +29,7 @@ from danube_ingest.broker.start import InvalidStartPositionError, StartPosition
 from danube_ingest.cli import danube_client
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.cli.progress import ProgressLine
+from danube_ingest.cli.token import add_token_options, token_of
 from danube_ingest.client import Batch, ClientError, Consumer, Producer, PublishError, target
 from danube_ingest.errors import DanubeIngestError
 
@@ -186,6 +187,7 @@ def common(parser: argparse.ArgumentParser, *, topic_required: bool = True) -> N
         default=DEFAULT_CONNECT_TIMEOUT,
         help="seconds to wait for the broker to answer before giving up (exit 1)",
     )
+    add_token_options(parser)
 
 
 def batching(parser: argparse.ArgumentParser) -> None:
@@ -294,6 +296,7 @@ async def _produce_ingest(args: argparse.Namespace) -> None:
             max_in_flight=args.in_flight,
             linger_ms=args.linger_ms,
             compression=args.compression,
+            token=token_of(args),
         )
         for topic in topics
     ]
@@ -342,7 +345,7 @@ def consumer_start(
 
 async def _consume_ingest(args: argparse.Namespace) -> None:
     await check_reachable(args.service_url, args.connect_timeout)
-    topics = await danube_client.partitions(args.service_url, args.topic)
+    topics = await danube_client.partitions(args.service_url, args.topic, token_of(args))
     consumers = [
         Consumer(
             args.service_url,
@@ -352,6 +355,7 @@ async def _consume_ingest(args: argparse.Namespace) -> None:
             sub_type=args.type,
             start=consumer_start(args.start),
             max_batch=args.max_batch,
+            token=token_of(args),
         )
         for topic in topics
     ]

@@ -11,6 +11,7 @@ import time
 import grpc
 from danube import (
     ConsumerOptions,
+    DanubeClient,
     DanubeClientBuilder,
     DispatchStrategy,
     ProducerOptions,
@@ -21,7 +22,8 @@ from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
 from danube_ingest.broker.start import LATEST, METADATA_KEY, StartPosition
 from danube_ingest.cli.progress import ProgressLine
-from danube_ingest.client import target
+from danube_ingest.cli.token import token_of
+from danube_ingest.client import call_metadata, target
 
 SUB_TYPES = {
     "exclusive": SubType.EXCLUSIVE,
@@ -31,9 +33,19 @@ SUB_TYPES = {
 }
 
 
+async def _client(args: argparse.Namespace) -> DanubeClient:
+    """A danube-client on ``--service-url``, with ``--token`` if given (danube-client then
+    uses TLS)."""
+    builder = DanubeClientBuilder().service_url(args.service_url)
+    token = token_of(args)
+    if token:
+        builder = builder.with_token(token)
+    return await builder.build()
+
+
 async def produce(args: argparse.Namespace) -> None:
     """Send ``args.count`` messages one by one, each awaited (stored once it returns)."""
-    client = await DanubeClientBuilder().service_url(args.service_url).build()
+    client = await _client(args)
     builder = (
         client.new_producer()
         .with_topic(args.topic)
@@ -70,7 +82,7 @@ async def produce(args: argparse.Namespace) -> None:
 
 async def consume(args: argparse.Namespace) -> None:
     """Receive, print (unless ``--quiet``) and acknowledge messages one by one."""
-    client = await DanubeClientBuilder().service_url(args.service_url).build()
+    client = await _client(args)
     consumer = (
         client.new_consumer()
         .with_topic(args.topic)
@@ -136,10 +148,11 @@ async def _create_subscription(args: argparse.Namespace, start: StartPosition) -
                 )
 
 
-async def partitions(url: str, topic: str) -> list[str]:
+async def partitions(url: str, topic: str, token: str | None = None) -> list[str]:
     """The topics to read for ``topic``: itself, or its ``-part-N`` partitions (NOT_FOUND as
     ``grpc.aio.AioRpcError`` when neither exists)."""
     async with grpc.aio.insecure_channel(target(url)) as channel:
         discovery = pb_grpc.DiscoveryStub(channel)
         request = pb.TopicLookupRequest(request_id=1, topic=topic)
-        return list((await discovery.TopicPartitions(request)).partitions) or [topic]
+        answer = await discovery.TopicPartitions(request, metadata=call_metadata(token))
+        return list(answer.partitions) or [topic]

@@ -17,6 +17,7 @@ import lz4.frame
 import zstandard
 from crc32c import crc32c
 
+from danube_ingest.client._auth import call_metadata
 from danube_ingest.client._errors import PublishError
 from danube_ingest.errors import InvalidEntryError
 from danube_ingest.proto import ingest_pb2 as pb
@@ -39,6 +40,8 @@ _RETRIABLE = frozenset(
     }
 )
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+#: A stream refused as a whole for its credentials (``token``).
+_REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 
 
 def new_producer_id() -> int:
@@ -106,6 +109,10 @@ class Producer:
     is refused the same way (INVALID_ARGUMENT) without being sent; the rest of its batch goes
     on. ``flush`` waits for
     everything sent so far; ``close`` flushes, then closes the channel.
+
+    ``token``: a JWT or API key sent as ``authorization: Bearer`` (daemons with
+    ``auth.enabled``); a stream refused for it (UNAUTHENTICATED, PERMISSION_DENIED) fails the
+    futures of every batch sent with :class:`PublishError` instead of resending them.
     """
 
     def __init__(
@@ -124,9 +131,11 @@ class Producer:
         retry_backoff_ms: float = 50.0,
         max_backoff_ms: float = 2000.0,
         channel: grpc.aio.Channel | None = None,
+        token: str | None = None,
     ) -> None:
         self.topic = topic
         self.producer_name = producer_name
+        self._metadata = call_metadata(token)
         self.producer_id = new_producer_id() if idempotent else 0
         self._url = url
         self._max_messages = max_batch_messages
@@ -377,13 +386,22 @@ class Producer:
         delay = self._backoff
         while not self._closing:
             assert self._channel is not None
-            call = pb_grpc.IngestServiceStub(self._channel).Publish()  # type: ignore[no-untyped-call]
+            stub = pb_grpc.IngestServiceStub(self._channel)  # type: ignore[no-untyped-call]
+            call = stub.Publish(metadata=self._metadata)
             reader = asyncio.get_running_loop().create_task(self._read(call))
             try:
                 await self._write(call, reader)
                 delay = self._backoff
             except (grpc.aio.AioRpcError, ConnectionError) as exc:
                 log.info("publish stream lost topic=%s error=%s", self.topic, exc)
+                if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSED:
+                    # Credentials refused: resending cannot help; fail what was sent.
+                    error = PublishError(exc.code(), exc.details() or "", self.topic)
+                    refused = [*self._in_flight.values(), *self._ready]
+                    self._in_flight.clear()
+                    self._ready.clear()
+                    for batch in refused:
+                        self._fail(batch, error, False)
             finally:
                 reader.cancel()
                 with _suppress_cancel():
