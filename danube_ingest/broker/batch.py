@@ -178,7 +178,7 @@ class IngestService(pb_grpc.IngestServiceServicer):
                     self._guard.authorize(caller, "produce", request.topic)
                     block = block_from_request(request, limits)
                     staged = await self._manager.publish_block(
-                        request.topic, block, request.producer_id, request.sequence
+                        request.topic, block, request.producer_id, request.sequence, caller.owner
                     )
                 except Exception as exc:
                     answers.put_nowait(_error(request.request_id, exc))

@@ -107,6 +107,9 @@ CONSUMER_STALL_SECONDS = 10.0
 #: slowly or not yet at all). Small, because every consumer of the topic waits for this.
 _RECOVER_POLL_SECONDS = 0.05
 _RECOVER_RETRY_MAX_SECONDS = 1.0
+#: Idempotent producer ids whose principal is kept in memory (each client's producer makes a
+#: new one; past this many the cache starts over and re-reads them from etcd).
+_PRODUCER_OWNERS_CACHED = 100_000
 #: After handing a topic over (unload), this broker redirects clients of the topic to another
 #: live broker for this long instead of taking it back (the unload request's lease, too).
 UNLOAD_HOLD_SECONDS = 30.0
@@ -182,6 +185,8 @@ class TopicManager:
         self._streaming: set[int] = set()
         #: consumer id -> the gRPC peer of its open stream (whose acks it may send)
         self._peers: dict[int, str] = {}
+        #: idempotent batch producer id -> the principal it is bound to (auth on; from etcd)
+        self._producer_owners: dict[int, str] = {}
         #: consumer id -> when it last subscribed or health-checked (monotonic)
         self._seen: dict[int, float] = {}
         self._consumer_idle = consumer_idle_seconds
@@ -575,7 +580,12 @@ class TopicManager:
         await self._append(topic, entry)
 
     async def publish_block(
-        self, topic: str, block: EntryBlock, producer_id: int = 0, sequence: int = 0
+        self,
+        topic: str,
+        block: EntryBlock,
+        producer_id: int = 0,
+        sequence: int = 0,
+        owner: str | None = None,
     ) -> StagedBlock:
         """Store (reliable) or fan out (non-reliable) a checked entry block of ``topic``.
 
@@ -584,8 +594,20 @@ class TopicManager:
         idempotent producers' sequences). A missing topic is created reliable. Payloads are
         validated one by one against the topic's schema when it has one, as on the
         danube-client path. A non-reliable topic hands the entries to its subscriptions now.
+        With ``owner`` (the calling principal, auth on) an idempotent ``producer_id`` is bound
+        to the first principal that uses it; another's batches are refused
+        (``PermissionDeniedError``) before anything is staged, so nobody can make a producer's
+        batches look like duplicates.
         """
         parse_topic(topic)
+        if owner is not None and producer_id:
+            bound = self._producer_owners.get(producer_id)
+            if bound is None:
+                bound = await self._records.claim_producer_id(producer_id, owner)
+                if len(self._producer_owners) >= _PRODUCER_OWNERS_CACHED:
+                    self._producer_owners.clear()
+                self._producer_owners[producer_id] = bound
+            check_owner(owner, bound, f"idempotent producer id {producer_id:#x}")
         runtime = self._topics.get(topic)
         if runtime is None:
             runtime = await self._load(topic, create_reliable=True)

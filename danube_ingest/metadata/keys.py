@@ -13,6 +13,8 @@ Below the prefix (default ``/danube``); ``{ns}/{topic}`` comes from a topic name
     subscriptions/{ns}/{topic}/{sub}/cursor        every offset below it is acked (int)
     clients/{id}                                   ClientRecord
     clients/next_id                                next client id (written by earlier versions)
+    producer-ids/{id}                              principal using an idempotent batch producer
+                                                   id (text; auth on)
     schemas/...                                    schema registry
     wal/{broker}/{region}/floor/{ns}/{topic}       prune mark
     storage/topics/{ns}/{topic}/objects/{start:020}  manifest entry
@@ -143,6 +145,10 @@ class Keys:
         if client_id < 1:
             raise InvalidNameError(f"invalid client id {client_id}: ids start at 1")
         return f"{self.clients_prefix()}{client_id}"
+
+    def producer_id_owner(self, producer_id: int) -> str:
+        """The principal an idempotent batch producer id is bound to (``auth.enabled``)."""
+        return f"{self.prefix}/producer-ids/{producer_id}"
 
     def clients_next_id(self) -> str:
         """Where earlier versions kept the next client id (ids are random now): skipped when

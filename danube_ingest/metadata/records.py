@@ -277,6 +277,18 @@ class Records:
                 return client_id
         raise MetadataError(f"no free client id in {_ALLOCATE_ATTEMPTS} random draws")
 
+    async def claim_producer_id(self, producer_id: int, principal: str) -> str:
+        """Bind an idempotent batch producer id to ``principal`` unless it is bound already,
+        atomically; returns the principal it is bound to."""
+        key = self.keys.producer_id_owner(producer_id)
+        result = await self.kv.txn(
+            [Compare.absent(key)], [Put(key, principal.encode())], [Get(key)]
+        )
+        existing = result.kv(0)
+        if result.succeeded or existing is None:
+            return principal
+        return existing.value.decode()
+
     async def put_client(self, record: ClientRecord) -> None:
         """Store (create or replace) a client registration and its name index, atomically."""
         await self.kv.txn(

@@ -6,10 +6,12 @@ acknowledged or taken over; with auth off, acks are still bound to the receiving
 from __future__ import annotations
 
 import grpc
+import pytest
 from danube import SubType
 from danube.proto import DanubeApi_pb2 as pb
 
 from danube_ingest.broker.server import Broker
+from danube_ingest.client import Producer, PublishError
 from danube_ingest.dispatch import ReliableSubscription
 from danube_ingest.metadata.records import Records
 from tests.broker.support import (
@@ -210,3 +212,22 @@ async def test_ids_are_random_not_sequential(open_broker: Broker) -> None:
     assert all(0 < i < 2**63 for i in ids)
     assert not {i + 1 for i in ids} & set(ids)
     assert max(ids) > 2**32
+
+
+async def test_batch_producer_id_of_another_principal_is_refused(
+    secure: Broker, signing: Signing
+) -> None:
+    """An idempotent producer's id is delivered to consumers with its messages; reusing it must
+    not let anyone make the producer's next batches look like duplicates (acknowledged, not
+    stored)."""
+    async with Producer(secure.url, TOPIC, token=signing.token("alice")) as alice:
+        assert await (await alice.send(b"a0")) == 0
+        async with Producer(secure.url, TOPIC, token=signing.token("mallory")) as mallory:
+            mallory.producer_id = alice.producer_id  # learnt from a delivered message
+            future = await mallory.send(b"forged")
+            with pytest.raises(PublishError) as refused:
+                await future
+        assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert "idempotent producer id" in refused.value.details
+        assert await (await alice.send(b"a1")) == 1
+    assert high_watermark(secure) == 2
