@@ -415,3 +415,15 @@ def test_upload_bandwidth_limit() -> None:
         message = config_error({"storage": {"uploader": {"max_bytes_per_second": value}}})
         assert message.startswith("storage.uploader.max_bytes_per_second: must be at least 1MiB")
         assert "null for no limit" in message
+
+
+def test_secure_example_config_is_secure_and_loads() -> None:
+    """config/danube_broker_secure.yml (docs/security.md's example) loads as written and turns
+    on every protection: TLS on the gRPC port, authentication, etcd over TLS with a user."""
+    config = load_config(EXAMPLE.with_name("danube_broker_secure.yml"))
+    assert config.broker.tls is not None
+    assert config.broker.tls.cert_file is not None and config.broker.tls.key_file is not None
+    assert not config.broker.allow_insecure
+    assert config.auth.enabled
+    assert config.etcd.endpoints and all(e.startswith("https://") for e in config.etcd.endpoints)
+    assert config.etcd.user and config.etcd.password_file is not None

@@ -13,6 +13,12 @@ stream is not read further meanwhile (gRPC flow control then holds the client ba
 with each entry's offset. A batch's entries are sent as the bytes they are stored as (slices
 of the WAL frame, cached frame or object frame they were read from, ``wal.block.served_block``),
 not encoded again message by message.
+
+Security: the caller is authenticated once per stream; each Publish batch is authorized
+(``produce`` on its topic) before it is checked or staged, and a refused batch is answered
+with PERMISSION_DENIED alone; ``Consume`` needs ``consume`` on the topic, and its consumer name
+is bound to the principal as on the danube-client path. Acks travel on the Consume stream
+itself, so they only ever settle that consumer's deliveries.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from danube_ingest.dispatch import SubscriptionType
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.proto import ingest_pb2 as pb
 from danube_ingest.proto import ingest_pb2_grpc as pb_grpc
+from danube_ingest.security import Caller, Guard
 from danube_ingest.wal.block import (
     IDEMPOTENT_BIT,
     BlockLimits,
@@ -128,16 +135,22 @@ def _error(request_id: int, exc: BaseException) -> Any:
 
 
 class IngestService(pb_grpc.IngestServiceServicer):
-    def __init__(self, manager: TopicManager) -> None:
+    def __init__(self, manager: TopicManager, guard: Guard) -> None:
         self._manager = manager
+        self._guard = guard
 
     async def Publish(
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
+        try:
+            caller = self._guard.caller(context)
+        except Exception as exc:
+            await _abort(context, exc)
+            raise
         answers: asyncio.Queue[Any] = asyncio.Queue()
         room = asyncio.Semaphore(PUBLISH_IN_FLIGHT)
         reader = asyncio.get_running_loop().create_task(
-            self._read_batches(request_iterator, answers, room)
+            self._read_batches(request_iterator, answers, room, caller)
         )
         try:
             while True:
@@ -150,7 +163,11 @@ class IngestService(pb_grpc.IngestServiceServicer):
             reader.cancel()
 
     async def _read_batches(
-        self, requests: AsyncIterator[Any], answers: asyncio.Queue[Any], room: asyncio.Semaphore
+        self,
+        requests: AsyncIterator[Any],
+        answers: asyncio.Queue[Any],
+        room: asyncio.Semaphore,
+        caller: Caller,
     ) -> None:
         """Stage each batch in arrival order; answer each once it is durable or refused."""
         waiting: set[asyncio.Task[None]] = set()
@@ -158,9 +175,10 @@ class IngestService(pb_grpc.IngestServiceServicer):
         try:
             async for request in requests:
                 try:
+                    self._guard.authorize(caller, "produce", request.topic)
                     block = block_from_request(request, limits)
                     staged = await self._manager.publish_block(
-                        request.topic, block, request.producer_id, request.sequence
+                        request.topic, block, request.producer_id, request.sequence, caller.owner
                     )
                 except Exception as exc:
                     answers.put_nowait(_error(request.request_id, exc))
@@ -180,10 +198,12 @@ class IngestService(pb_grpc.IngestServiceServicer):
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         try:
+            caller = self._guard.caller(context)
             first = await anext(aiter(request_iterator))
             if first.WhichOneof("request") != "subscribe":
                 raise InvalidRequestError("a Consume stream must start with a Subscribe")
             sub = first.subscribe
+            self._guard.authorize(caller, "consume", sub.topic)
             sub_type = subscription_type(sub.type)
             start = _start(sub.start, sub.start_value)
             consumer_id = await self._manager.subscribe(
@@ -193,6 +213,7 @@ class IngestService(pb_grpc.IngestServiceServicer):
                 sub_type,
                 list(sub.key_filters),
                 start,
+                owner=caller.owner,
             )
         except StopAsyncIteration:
             return
@@ -203,7 +224,9 @@ class IngestService(pb_grpc.IngestServiceServicer):
             self._read_acks(request_iterator, consumer_id, sub_type in _CUMULATIVE)
         )
         max_batch = sub.max_batch or DEFAULT_CONSUME_BATCH
-        deliveries = aiter(self._manager.deliveries(consumer_id, max_batch))
+        deliveries = aiter(
+            self._manager.deliveries(consumer_id, max_batch, caller.peer, caller.owner)
+        )
         try:
             yield pb.ConsumeResponse(topic=sub.topic, count=0, consumer_id=consumer_id)
             while True:
@@ -295,6 +318,6 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     await context.abort(code, details)
 
 
-def add_ingest_service(server: Any, manager: TopicManager) -> None:
+def add_ingest_service(server: Any, manager: TopicManager, guard: Guard) -> None:
     """Register ``danube_ingest.v1.IngestService`` on ``server`` (see services.add_services)."""
-    pb_grpc.add_IngestServiceServicer_to_server(IngestService(manager), server)  # type: ignore[no-untyped-call]
+    pb_grpc.add_IngestServiceServicer_to_server(IngestService(manager, guard), server)  # type: ignore[no-untyped-call]

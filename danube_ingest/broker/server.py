@@ -57,6 +57,7 @@ from danube_ingest.observability.rpc import RpcMetrics
 from danube_ingest.schema.kvstore import KVSchemaStore
 from danube_ingest.schema.registry import SchemaRegistry
 from danube_ingest.schema.service import SchemaRegistryServicer
+from danube_ingest.security import AuthInterceptor, Guard
 from danube_ingest.store import TopicStore
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,8 @@ class Broker:
         """``lock``: the caller's lock on ``data_dirs(config)`` (``danube-ingest dev`` takes it
         before starting etcd); by default ``start`` takes it and ``stop`` releases it."""
         self.config = config
+        self.guard = Guard(config.auth)
+        """Authentication and permissions (``auth``); reads its key files here."""
         self._kv = kv
         self._owns_kv = kv is None
         self._lock = lock
@@ -277,8 +280,8 @@ class Broker:
         )
         if self.clock_keeper is not None:
             self.clock_keeper.start()
-        add_services(gate, self.manager)
-        add_ingest_service(gate, self.manager)
+        add_services(gate, self.manager, self.guard)
+        add_ingest_service(gate, self.manager, self.guard)
         schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), gate)
         gate.open()
         self._serving = True
@@ -342,7 +345,7 @@ class Broker:
         max_receive = max(4 * config.limits.max_payload_bytes, _GRPC_MIN_RECEIVE)
         server = grpc.aio.server(
             handlers=[gate],
-            interceptors=[RpcMetrics()],
+            interceptors=[RpcMetrics(), AuthInterceptor(self.guard)],
             options=[
                 ("grpc.max_receive_message_length", max_receive),
                 # Bounds concurrent calls (streams included) per client connection: a flood

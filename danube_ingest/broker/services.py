@@ -3,6 +3,11 @@
 They only translate: requests into TopicManager calls, our errors into the status codes
 danube-client expects (see ``status_for``), results into responses. Every error answer names
 the topic, id or limit involved.
+
+Security (``danube_ingest.security``): every call is authenticated (``AuthInterceptor``, then
+``Guard.caller`` here) and authorized for the topic it names before the TopicManager is
+called, so nothing is stored, no offset assigned and nothing acknowledged for a refused
+caller. Producer and consumer ids are checked against the principal that created them.
 """
 
 from __future__ import annotations
@@ -53,10 +58,13 @@ from danube_ingest.schema.errors import (
     SchemaMismatchError,
     SchemaNotFoundError,
 )
+from danube_ingest.security import Guard, PermissionDeniedError, UnauthenticatedError
 
 log = logging.getLogger(__name__)
 
 _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (InvalidTopicNameError, grpc.StatusCode.INVALID_ARGUMENT),
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (PayloadTooLargeError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -119,11 +127,13 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
 
 
 class DiscoveryService(pb_grpc.DiscoveryServicer):  # type: ignore[misc]
-    def __init__(self, manager: TopicManager) -> None:
+    def __init__(self, manager: TopicManager, guard: Guard) -> None:
         self._manager = manager
+        self._guard = guard
 
     async def TopicLookup(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            self._guard.authorize_any(self._guard.caller(context), request.topic)
             local, url = await self._manager.lookup(request.topic)
         except Exception as exc:
             await _abort(context, exc)
@@ -140,6 +150,7 @@ class DiscoveryService(pb_grpc.DiscoveryServicer):  # type: ignore[misc]
 
     async def TopicPartitions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            self._guard.authorize_any(self._guard.caller(context), request.topic)
             partitions = await self._manager.partitions(request.topic)
         except Exception as exc:
             await _abort(context, exc)
@@ -148,16 +159,20 @@ class DiscoveryService(pb_grpc.DiscoveryServicer):  # type: ignore[misc]
 
 
 class ProducerService(pb_grpc.ProducerServiceServicer):  # type: ignore[misc]
-    def __init__(self, manager: TopicManager) -> None:
+    def __init__(self, manager: TopicManager, guard: Guard) -> None:
         self._manager = manager
+        self._guard = guard
 
     async def CreateProducer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            caller = self._guard.caller(context)
+            self._guard.authorize(caller, "produce", request.topic_name)
             producer_id = await self._manager.create_producer(
                 request.topic_name,
                 request.producer_name,
                 request.dispatch_strategy == pb.Reliable,
                 request.schema_ref.subject if request.HasField("schema_ref") else None,
+                owner=caller.owner,
             )
         except Exception as exc:
             await _abort(context, exc)
@@ -170,7 +185,13 @@ class ProducerService(pb_grpc.ProducerServiceServicer):  # type: ignore[misc]
 
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            await self._manager.publish(request)
+            owner = None
+            if self._guard.enabled:
+                caller = self._guard.caller(context)
+                owner = caller.owner
+                record = await self._manager.producer(request.msg_id.producer_id, owner)
+                self._guard.authorize(caller, "produce", record.topic)
+            await self._manager.publish(request, owner)
         except Exception as exc:
             if status_for(exc) == grpc.StatusCode.INTERNAL:
                 log.error(
@@ -186,11 +207,14 @@ class ProducerService(pb_grpc.ProducerServiceServicer):  # type: ignore[misc]
 
 
 class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
-    def __init__(self, manager: TopicManager) -> None:
+    def __init__(self, manager: TopicManager, guard: Guard) -> None:
         self._manager = manager
+        self._guard = guard
 
     async def Subscribe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            caller = self._guard.caller(context)
+            self._guard.authorize(caller, "consume", request.topic_name)
             sub_type = subscription_type(request.subscription_type)
             # Our own extension: where a new subscription starts (danube-client never sends it).
             start = from_metadata(context.invocation_metadata())
@@ -201,6 +225,7 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
                 sub_type,
                 list(request.key_filters),
                 start,
+                owner=caller.owner,
             )
         except Exception as exc:
             await _abort(context, exc)
@@ -215,7 +240,10 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         try:
-            stream = self._manager.receive(request.consumer_id)
+            caller = self._guard.caller(context)
+            record = await self._manager.consumer(request.consumer_id, caller.owner)
+            self._guard.authorize(caller, "consume", record.topic)
+            stream = self._manager.receive(request.consumer_id, caller.peer, caller.owner)
             async for message in stream:
                 yield message
         except Exception as exc:
@@ -223,30 +251,54 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
             raise
 
     async def Ack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        self._manager.ack(
-            request.msg_id.topic_name, request.subscription_name, request.msg_id.topic_offset
-        )
+        try:
+            caller = self._guard.caller(context)
+            self._guard.authorize(caller, "consume", request.msg_id.topic_name)
+            self._manager.ack(
+                request.msg_id.topic_name,
+                request.subscription_name,
+                request.msg_id.topic_offset,
+                caller.peer,
+                caller.owner,
+            )
+        except Exception as exc:
+            await _abort(context, exc)
+            raise
         return pb.AckResponse(request_id=request.request_id)
 
     async def Nack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        self._manager.nack(
-            request.msg_id.topic_name,
-            request.subscription_name,
-            request.msg_id.topic_offset,
-            request.delay_ms,
-            request.reason,
-        )
+        try:
+            caller = self._guard.caller(context)
+            self._guard.authorize(caller, "consume", request.msg_id.topic_name)
+            self._manager.nack(
+                request.msg_id.topic_name,
+                request.subscription_name,
+                request.msg_id.topic_offset,
+                request.delay_ms,
+                request.reason,
+                caller.peer,
+                caller.owner,
+            )
+        except Exception as exc:
+            await _abort(context, exc)
+            raise
         return pb.NackResponse(request_id=request.request_id)
 
 
 class HealthService(pb_grpc.HealthCheckServicer):  # type: ignore[misc]
-    def __init__(self, manager: TopicManager) -> None:
+    def __init__(self, manager: TopicManager, guard: Guard) -> None:
         self._manager = manager
+        self._guard = guard
 
     async def HealthCheck(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        ok = await self._manager.health(
-            request.client == pb.HealthCheckRequest.Consumer, request.id
-        )
+        try:
+            owner = self._guard.caller(context).owner
+            ok = await self._manager.health(
+                request.client == pb.HealthCheckRequest.Consumer, request.id, owner
+            )
+        except Exception as exc:
+            await _abort(context, exc)
+            raise
         status = pb.HealthCheckResponse.OK if ok else pb.HealthCheckResponse.CLOSE
         return pb.HealthCheckResponse(status=status)
 
@@ -264,8 +316,9 @@ class HandlerRegistry(Protocol):
     ) -> None: ...
 
 
-def add_services(server: HandlerRegistry, manager: TopicManager) -> None:
-    pb_grpc.add_DiscoveryServicer_to_server(DiscoveryService(manager), server)
-    pb_grpc.add_ProducerServiceServicer_to_server(ProducerService(manager), server)
-    pb_grpc.add_ConsumerServiceServicer_to_server(ConsumerService(manager), server)
-    pb_grpc.add_HealthCheckServicer_to_server(HealthService(manager), server)
+def add_services(server: HandlerRegistry, manager: TopicManager, guard: Guard) -> None:
+    """Register danube-client's services on ``server``, checking callers with ``guard``."""
+    pb_grpc.add_DiscoveryServicer_to_server(DiscoveryService(manager, guard), server)
+    pb_grpc.add_ProducerServiceServicer_to_server(ProducerService(manager, guard), server)
+    pb_grpc.add_ConsumerServiceServicer_to_server(ConsumerService(manager, guard), server)
+    pb_grpc.add_HealthCheckServicer_to_server(HealthService(manager, guard), server)

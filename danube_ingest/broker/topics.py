@@ -3,10 +3,17 @@
 Guarantees:
 
 * A reliable publish is answered only after its entry is durable in the WAL.
-* Producer and consumer ids are allocated cluster-wide and persisted in etcd (``clients/{id}``):
-  a restarted broker, or the broker that took a topic over, serves the ids issued before, so
-  danube-client recovers by itself. The same producer name on a topic gets the same id; the
-  same (topic, subscription, consumer name) gets the same consumer id.
+* Producer and consumer ids are random 63-bit numbers allocated cluster-wide and persisted in
+  etcd (``clients/{id}``) with the principal that created them: a restarted broker, or the
+  broker that took a topic over, serves the ids issued before, so danube-client recovers by
+  itself. The same producer name on a topic gets the same id; the same (topic, subscription,
+  consumer name) gets the same consumer id, for the principal that created it; another
+  principal reusing the name is refused (``PermissionDeniedError``), so it cannot take an
+  Exclusive subscription over or publish as that producer.
+* An Ack or Nack (danube-client path) settles an offset only if it comes from the consumer the
+  offset is dispatched to: the connection (gRPC peer) of that consumer's open stream, and its
+  principal. One dispatched to another consumer is refused (``PermissionDeniedError``) and stays
+  in flight; one held by no consumer (not yet dispatched, or redelivery pending) is ignored.
 * A topic is served only while this broker owns it (lease + epoch in etcd). A new owner
   continues the topic's offsets after every offset the previous owner may have assigned, and
   stamps no ingest time below the topic's stored clock (``metadata.clock``).
@@ -75,6 +82,8 @@ from danube_ingest.metadata.records import (
 from danube_ingest.schema.errors import SchemaNotFoundError
 from danube_ingest.schema.model import TopicSchemaConfig, ValidationPolicy
 from danube_ingest.schema.registry import SchemaRegistry
+from danube_ingest.security.binding import check_owner
+from danube_ingest.security.errors import PermissionDeniedError
 from danube_ingest.store import TopicStore
 from danube_ingest.wal.block import EntryBlock
 from danube_ingest.wal.framing import Entry
@@ -98,6 +107,9 @@ CONSUMER_STALL_SECONDS = 10.0
 #: slowly or not yet at all). Small, because every consumer of the topic waits for this.
 _RECOVER_POLL_SECONDS = 0.05
 _RECOVER_RETRY_MAX_SECONDS = 1.0
+#: Idempotent producer ids whose principal is kept in memory (each client's producer makes a
+#: new one; past this many the cache starts over and re-reads them from etcd).
+_PRODUCER_OWNERS_CACHED = 100_000
 #: After handing a topic over (unload), this broker redirects clients of the topic to another
 #: live broker for this long instead of taking it back (the unload request's lease, too).
 UNLOAD_HOLD_SECONDS = 30.0
@@ -171,6 +183,10 @@ class TopicManager:
         self._consumers: dict[int, ClientRecord] = {}
         self._handles: dict[int, ConsumerHandle] = {}
         self._streaming: set[int] = set()
+        #: consumer id -> the gRPC peer of its open stream (whose acks it may send)
+        self._peers: dict[int, str] = {}
+        #: idempotent batch producer id -> the principal it is bound to (auth on; from etcd)
+        self._producer_owners: dict[int, str] = {}
         #: consumer id -> when it last subscribed or health-checked (monotonic)
         self._seen: dict[int, float] = {}
         self._consumer_idle = consumer_idle_seconds
@@ -452,8 +468,19 @@ class TopicManager:
     # -- producers -------------------------------------------------------------------------
 
     async def create_producer(
-        self, topic: str, name: str, reliable: bool, schema_subject: str | None = None
+        self,
+        topic: str,
+        name: str,
+        reliable: bool,
+        schema_subject: str | None = None,
+        owner: str | None = None,
     ) -> int:
+        """Register a producer; return its id (the same id for the same name on the topic).
+
+        ``owner``: the calling principal (``None`` with auth off). A name registered by another
+        principal is refused with ``PermissionDeniedError``; one registered with auth off is
+        claimed by ``owner``.
+        """
         parse_topic(topic)
         check_name(name, "producer name")
         runtime = await self._load(topic, create_reliable=reliable)
@@ -463,6 +490,8 @@ class TopicManager:
                 f"a producer cannot use the other dispatch strategy"
             )
         existing = await self._records.find_producer(topic, name)
+        if existing is not None and owner is not None and existing.principal is not None:
+            check_owner(owner, existing.principal, f"producer name {name!r} on {topic}")
         active = runtime.active_producers()
         if existing is None and active >= self._limits.max_producers_per_topic:
             raise LimitExceededError(
@@ -474,12 +503,20 @@ class TopicManager:
             await self._schemas.assign_topic_subject(topic, schema_subject)
             runtime.schema_checked = float("-inf")
         if existing is not None:
+            if existing.principal != owner and owner is not None:
+                existing = replace(existing, principal=owner)
+                await self._records.put_client(existing)
             self._producers[existing.client_id] = existing
             runtime.producers[existing.client_id] = time.monotonic()
             return existing.client_id
         client_id = await self._records.allocate_client_id()
         record = ClientRecord(
-            client_id=client_id, kind="producer", topic=topic, name=name, reliable=reliable
+            client_id=client_id,
+            kind="producer",
+            topic=topic,
+            name=name,
+            reliable=reliable,
+            principal=owner,
         )
         await self._records.put_client(record)
         self._producers[client_id] = record
@@ -502,12 +539,26 @@ class TopicManager:
     async def _producer(self, producer_id: int) -> ClientRecord:
         return await self._client(producer_id, "producer", self._producers)
 
-    async def publish(self, msg: Any) -> None:
-        """Store (reliable) or fan out (non-reliable) one published message."""
-        check_message(msg, self._limits)
-        record = self._producers.get(msg.msg_id.producer_id)
+    async def producer(self, producer_id: int, owner: str | None = None) -> ClientRecord:
+        """The registration of ``producer_id``; ``UnknownClientError`` if there is none,
+        ``PermissionDeniedError`` if it belongs to another principal than ``owner``."""
+        record = self._producers.get(producer_id)
         if record is None:
-            record = await self._producer(msg.msg_id.producer_id)
+            record = await self._producer(producer_id)
+        check_owner(owner, record.principal, f"producer id {producer_id}")
+        return record
+
+    async def consumer(self, consumer_id: int, owner: str | None = None) -> ClientRecord:
+        """The registration of ``consumer_id``, checked as :meth:`producer` checks."""
+        record = await self._consumer(consumer_id)
+        check_owner(owner, record.principal, f"consumer id {consumer_id}")
+        return record
+
+    async def publish(self, msg: Any, owner: str | None = None) -> None:
+        """Store (reliable) or fan out (non-reliable) one published message; nothing is
+        stored if the producer id belongs to another principal than ``owner``."""
+        check_message(msg, self._limits)
+        record = await self.producer(msg.msg_id.producer_id, owner)
         topic = record.topic
         if msg.msg_id.topic_name and msg.msg_id.topic_name != topic:
             raise InvalidRequestError(
@@ -529,7 +580,12 @@ class TopicManager:
         await self._append(topic, entry)
 
     async def publish_block(
-        self, topic: str, block: EntryBlock, producer_id: int = 0, sequence: int = 0
+        self,
+        topic: str,
+        block: EntryBlock,
+        producer_id: int = 0,
+        sequence: int = 0,
+        owner: str | None = None,
     ) -> StagedBlock:
         """Store (reliable) or fan out (non-reliable) a checked entry block of ``topic``.
 
@@ -538,8 +594,20 @@ class TopicManager:
         idempotent producers' sequences). A missing topic is created reliable. Payloads are
         validated one by one against the topic's schema when it has one, as on the
         danube-client path. A non-reliable topic hands the entries to its subscriptions now.
+        With ``owner`` (the calling principal, auth on) an idempotent ``producer_id`` is bound
+        to the first principal that uses it; another's batches are refused
+        (``PermissionDeniedError``) before anything is staged, so nobody can make a producer's
+        batches look like duplicates.
         """
         parse_topic(topic)
+        if owner is not None and producer_id:
+            bound = self._producer_owners.get(producer_id)
+            if bound is None:
+                bound = await self._records.claim_producer_id(producer_id, owner)
+                if len(self._producer_owners) >= _PRODUCER_OWNERS_CACHED:
+                    self._producer_owners.clear()
+                self._producer_owners[producer_id] = bound
+            check_owner(owner, bound, f"idempotent producer id {producer_id:#x}")
         runtime = self._topics.get(topic)
         if runtime is None:
             runtime = await self._load(topic, create_reliable=True)
@@ -601,11 +669,15 @@ class TopicManager:
         sub_type: SubscriptionType,
         key_filters: list[str],
         start: StartPosition = LATEST,
+        owner: str | None = None,
     ) -> int:
         """Attach a consumer; return its id (the same id for the same consumer name).
 
         ``start`` applies only if this call creates the subscription (it has no cursor yet);
-        an existing subscription resumes after its cursor. See ``broker.start``.
+        an existing subscription resumes after its cursor. See ``broker.start``. ``owner``:
+        the calling principal (``None`` with auth off); a consumer name registered by another
+        principal is refused (``PermissionDeniedError``) before anything is attached or taken
+        over; one registered with auth off is claimed by ``owner``.
         """
         parse_topic(topic)
         if not subscription:
@@ -628,12 +700,21 @@ class TopicManager:
                 f"not {_TYPE_NAMES[sub_type]}"
             )
         existing = await self._records.find_consumer(topic, subscription, consumer_name)
+        if existing is not None and owner is not None and existing.principal is not None:
+            check_owner(
+                owner,
+                existing.principal,
+                f"consumer name {consumer_name!r} of subscription {subscription} on {topic}",
+            )
         if existing is not None:
             client_id = existing.client_id
             # A consumer may come back with other key filters: store them, or its next
             # stream (a reconnect re-attaches from the record) would revert to the old ones.
             record = replace(
-                existing, sub_type=_TYPE_NAMES[sub_type], key_filters=tuple(key_filters)
+                existing,
+                sub_type=_TYPE_NAMES[sub_type],
+                key_filters=tuple(key_filters),
+                principal=owner if owner is not None else existing.principal,
             )
         else:
             client_id = await self._records.allocate_client_id()
@@ -646,6 +727,7 @@ class TopicManager:
                 sub_type=_TYPE_NAMES[sub_type],
                 key_filters=tuple(key_filters),
                 reliable=runtime.reliable,
+                principal=owner,
             )
         sub = await self._subscription(runtime, sub_record, start)
         attached = len(sub.consumers)
@@ -891,26 +973,36 @@ class TopicManager:
         sub = await self._subscription(runtime, sub_record)
         return sub.attach(record.client_id, record.name, list(record.key_filters))
 
-    async def receive(self, consumer_id: int) -> AsyncIterator[Any]:
+    async def receive(
+        self, consumer_id: int, peer: str | None = None, owner: str | None = None
+    ) -> AsyncIterator[Any]:
         """The stream of StreamMessages for a consumer (see ``deliveries``)."""
-        record = await self._consumer(consumer_id)
+        record = await self.consumer(consumer_id, owner)
         subscription = record.subscription or ""
-        async for batch in self.deliveries(consumer_id, 1):
+        async for batch in self.deliveries(consumer_id, 1, peer, owner):
             for delivery in batch:
                 yield message_from_entry(
                     delivery.entry, record.topic, subscription, self.broker_url
                 )
 
-    async def deliveries(self, consumer_id: int, max_batch: int) -> AsyncIterator[list[Delivery]]:
+    async def deliveries(
+        self,
+        consumer_id: int,
+        max_batch: int,
+        peer: str | None = None,
+        owner: str | None = None,
+    ) -> AsyncIterator[list[Delivery]]:
         """A consumer's deliveries, at most ``max_batch`` at a time, in dispatch order; a new
-        stream takes over an old one.
+        stream takes over an old one. ``peer``: the client connection whose Ack and Nack calls
+        may settle them; ``owner``: the calling principal (``PermissionDeniedError`` before
+        anything is taken over if the consumer is another principal's).
 
         The stream ends when the consumer is taken over or detached, or the broker shuts down.
         While the topic is not served here (its ownership was lost, e.g. etcd is away) it stays
         open and sends nothing; it resumes from the subscription's cursor once the topic is
         served again, or fails with ``NotOwnerError`` if another broker owns it by then.
         """
-        record = await self._consumer(consumer_id)
+        record = await self.consumer(consumer_id, owner)
         handle = self._handles.get(consumer_id)
         if handle is None or consumer_id in self._streaming or handle.closed:
             # Attaching the same consumer id replaces an open handle in its place (closing
@@ -918,6 +1010,8 @@ class TopicManager:
             handle = await self._attach(record)
             self._handles[consumer_id] = handle
         self._streaming.add(consumer_id)
+        if peer is not None:
+            self._peers[consumer_id] = peer
         topic = record.topic
         try:
             while True:
@@ -944,6 +1038,7 @@ class TopicManager:
         finally:
             if self._handles.get(consumer_id) is handle:
                 self._streaming.discard(consumer_id)
+                self._peers.pop(consumer_id, None)
                 del self._handles[consumer_id]
                 handle.close()
 
@@ -965,20 +1060,66 @@ class TopicManager:
             return 0
         return sub.ack_many(handle.held(first, last))
 
-    def ack(self, topic: str, subscription: str, offset: int) -> None:
-        """Acknowledge a delivered offset; unknown acks are ignored."""
+    def _from_holder(
+        self, sub: Subscription, offset: int, peer: str | None, owner: str | None, what: str
+    ) -> bool:
+        """Whether an ack or nack of ``offset`` from connection ``peer`` (principal ``owner``)
+        may settle it: only the consumer holding it, over the connection of its stream. Raises
+        ``PermissionDeniedError`` if another consumer holds it; False if none does (nothing is
+        settled: it is not dispatched yet, or its redelivery is pending)."""
+        if not isinstance(sub, ReliableSubscription):
+            return True
+        for handle in sub.consumers:
+            if handle.holds(offset):
+                cid = handle.consumer_id
+                record = self._consumers.get(cid)
+                if (
+                    peer is not None
+                    and self._peers.get(cid) == peer
+                    and record is not None
+                    and (owner is None or record.principal == owner)
+                ):
+                    return True
+                raise PermissionDeniedError(
+                    f"{what} of offset {offset} of {sub.topic} subscription {sub.name} refused: "
+                    f"it was dispatched to another consumer; only that consumer (its principal, "
+                    f"over the connection of its ReceiveMessages stream) may settle it"
+                )
+        return False
+
+    def ack(
+        self,
+        topic: str,
+        subscription: str,
+        offset: int,
+        peer: str | None = None,
+        owner: str | None = None,
+    ) -> None:
+        """Acknowledge a delivered offset, if it came from the consumer holding it (see the
+        module docstring); acks of offsets nobody holds are ignored."""
         sub = self._subscription_of(topic, subscription)
-        if sub is not None:
+        if sub is not None and self._from_holder(sub, offset, peer, owner, "ack"):
             sub.ack(offset)
 
-    def nack(self, topic: str, subscription: str, offset: int, delay_ms: int, reason: str) -> None:
-        """Negatively acknowledge: redeliver after max(policy delay, ``delay_ms``)."""
+    def nack(
+        self,
+        topic: str,
+        subscription: str,
+        offset: int,
+        delay_ms: int,
+        reason: str,
+        peer: str | None = None,
+        owner: str | None = None,
+    ) -> None:
+        """Negatively acknowledge: redeliver after max(policy delay, ``delay_ms``); checked
+        as :meth:`ack` is."""
         sub = self._subscription_of(topic, subscription)
-        if sub is not None:
+        if sub is not None and self._from_holder(sub, offset, peer, owner, "nack"):
             sub.nack(offset, delay_ms or None, reason or None)
 
-    async def health(self, is_consumer: bool, client_id: int) -> bool:
-        """True (OK) while the client may go on; False asks a consumer to re-subscribe."""
+    async def health(self, is_consumer: bool, client_id: int, owner: str | None = None) -> bool:
+        """True (OK) while the client may go on; False asks a consumer to re-subscribe.
+        ``PermissionDeniedError`` if the id belongs to another principal than ``owner``."""
         try:
             record = (
                 await self._consumer(client_id) if is_consumer else await self._producer(client_id)
@@ -989,6 +1130,7 @@ class TopicManager:
             # Metadata unreachable: say nothing alarming; an error would end the client's
             # health loop for good.
             return True
+        check_owner(owner, record.principal, f"{record.kind} id {client_id}")
         runtime = self._topics.get(record.topic)
         if not is_consumer:
             if runtime is not None:

@@ -30,6 +30,7 @@ from danube_ingest.cli import danube_client
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.cli.progress import ProgressLine
 from danube_ingest.cli.tls_args import add_tls_options, tls_options
+from danube_ingest.cli.token import add_token_options, token_of
 from danube_ingest.client import (
     Batch,
     ClientError,
@@ -197,6 +198,7 @@ def common(parser: argparse.ArgumentParser, *, topic_required: bool = True) -> N
         help="seconds to wait for the broker to answer before giving up (exit 1)",
     )
     add_tls_options(parser)
+    add_token_options(parser)
 
 
 def batching(parser: argparse.ArgumentParser) -> None:
@@ -332,6 +334,7 @@ async def _produce_ingest(args: argparse.Namespace) -> None:
             linger_ms=args.linger_ms,
             compression=args.compression,
             tls=tls,
+            token=token_of(args),
         )
         for topic in topics
     ]
@@ -381,7 +384,7 @@ def consumer_start(
 async def _consume_ingest(args: argparse.Namespace) -> None:
     tls = tls_options(args)
     await check_reachable(args.service_url, args.connect_timeout, tls)
-    topics = await danube_client.partitions(args.service_url, args.topic, tls)
+    topics = await danube_client.partitions(args.service_url, args.topic, tls, token_of(args))
     consumers = [
         Consumer(
             args.service_url,
@@ -392,6 +395,7 @@ async def _consume_ingest(args: argparse.Namespace) -> None:
             start=consumer_start(args.start),
             max_batch=args.max_batch,
             tls=tls,
+            token=token_of(args),
         )
         for topic in topics
     ]

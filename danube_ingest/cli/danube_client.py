@@ -11,6 +11,7 @@ import time
 import grpc
 from danube import (
     ConsumerOptions,
+    DanubeClient,
     DispatchStrategy,
     ProducerOptions,
     SubType,
@@ -21,7 +22,8 @@ from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 from danube_ingest.broker.start import LATEST, METADATA_KEY, StartPosition
 from danube_ingest.cli.progress import ProgressLine
 from danube_ingest.cli.tls_args import danube_builder, tls_options
-from danube_ingest.client import TlsOptions, open_channel
+from danube_ingest.cli.token import token_of
+from danube_ingest.client import TlsOptions, call_metadata, open_channel
 
 SUB_TYPES = {
     "exclusive": SubType.EXCLUSIVE,
@@ -31,9 +33,19 @@ SUB_TYPES = {
 }
 
 
+async def _client(args: argparse.Namespace) -> DanubeClient:
+    """A danube-client on ``--service-url`` with the TLS options, and ``--token`` if given
+    (danube-client then uses TLS: the system's roots unless ``--ca-file`` says otherwise)."""
+    builder = danube_builder(args)
+    token = token_of(args)
+    if token:
+        builder = builder.with_token(token)
+    return await builder.build()
+
+
 async def produce(args: argparse.Namespace) -> None:
     """Send ``args.count`` messages one by one, each awaited (stored once it returns)."""
-    client = await danube_builder(args).build()
+    client = await _client(args)
     builder = (
         client.new_producer()
         .with_topic(args.topic)
@@ -70,7 +82,7 @@ async def produce(args: argparse.Namespace) -> None:
 
 async def consume(args: argparse.Namespace) -> None:
     """Receive, print (unless ``--quiet``) and acknowledge messages one by one."""
-    client = await danube_builder(args).build()
+    client = await _client(args)
     consumer = (
         client.new_consumer()
         .with_topic(args.topic)
@@ -109,17 +121,20 @@ async def _create_subscription(args: argparse.Namespace, start: StartPosition) -
     danube-client cannot send the position itself; this call creates the subscription at
     ``start`` if it does not exist yet, and changes nothing for one that does.
     """
-    metadata = ((METADATA_KEY, start.to_metadata()),)
+    token = token_of(args)
+    auth = call_metadata(token) or ()
+    metadata = ((METADATA_KEY, start.to_metadata()), *auth)
     tls = tls_options(args)
     async with open_channel(args.service_url, tls) as channel:
         discovery = pb_grpc.DiscoveryStub(channel)
         request = pb.TopicLookupRequest(request_id=1, topic=args.topic)
-        partitions = list((await discovery.TopicPartitions(request)).partitions) or [args.topic]
+        answer = await discovery.TopicPartitions(request, metadata=auth or None)
+        partitions = list(answer.partitions) or [args.topic]
         for partition in partitions:
             url = args.service_url
             try:
                 lookup = await discovery.TopicLookup(
-                    pb.TopicLookupRequest(request_id=2, topic=partition)
+                    pb.TopicLookupRequest(request_id=2, topic=partition), metadata=auth or None
                 )
                 url = lookup.connect_url or url
             except grpc.aio.AioRpcError:
@@ -137,10 +152,13 @@ async def _create_subscription(args: argparse.Namespace, start: StartPosition) -
                 )
 
 
-async def partitions(url: str, topic: str, tls: TlsOptions | None = None) -> list[str]:
+async def partitions(
+    url: str, topic: str, tls: TlsOptions | None = None, token: str | None = None
+) -> list[str]:
     """The topics to read for ``topic``: itself, or its ``-part-N`` partitions (NOT_FOUND as
     ``grpc.aio.AioRpcError`` when neither exists)."""
     async with open_channel(url, tls) as channel:
         discovery = pb_grpc.DiscoveryStub(channel)
         request = pb.TopicLookupRequest(request_id=1, topic=topic)
-        return list((await discovery.TopicPartitions(request)).partitions) or [topic]
+        answer = await discovery.TopicPartitions(request, metadata=call_metadata(token))
+        return list(answer.partitions) or [topic]

@@ -4,6 +4,7 @@
 ranges. See docs/design/batch_protocol.md for the wire format and guarantees.
 """
 
+from danube_ingest.client._auth import call_metadata
 from danube_ingest.client._consumer import Batch, Consumer, SubType, decode_batch
 from danube_ingest.client._errors import ClientError, ConsumeError, PublishError
 from danube_ingest.client._producer import Compression, Producer, new_producer_id, target
@@ -19,6 +20,7 @@ __all__ = [
     "PublishError",
     "SubType",
     "TlsOptions",
+    "call_metadata",
     "decode_batch",
     "new_producer_id",
     "open_channel",

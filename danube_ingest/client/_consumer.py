@@ -17,6 +17,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from danube_ingest.client._auth import call_metadata
 from danube_ingest.client._errors import ConsumeError
 from danube_ingest.client._tls import TlsOptions, open_channel
 from danube_ingest.proto import ingest_pb2 as pb
@@ -76,6 +77,8 @@ class Consumer:
     acknowledges them (Exclusive and Failover: cumulatively, everything delivered up to the
     batch's last offset; Shared and KeyShared: exactly the batch's offsets). Unacknowledged
     messages are redelivered as the subscription's dispatch rules say (ack timeout, detach).
+    ``token``: a JWT or API key sent as ``authorization: Bearer`` (daemons with
+    ``auth.enabled``).
 
     **Reconnect** (``reconnect=True``, the default): when the stream fails (UNAVAILABLE and the
     other codes in ``_RECONNECT``) or ends, the consumer subscribes again under the same name,
@@ -109,8 +112,10 @@ class Consumer:
         retry_backoff_ms: float = 50.0,
         max_backoff_ms: float = 2000.0,
         reconnect_timeout_s: float = 60.0,
+        token: str | None = None,
     ) -> None:
         self.topic = topic
+        self._metadata = call_metadata(token)
         self.sub_type = sub_type
         self._url = url
         self._tls = tls
@@ -177,7 +182,7 @@ class Consumer:
         for request in pending:
             self._requests.put_nowait(request)
         stub = pb_grpc.IngestServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._call = stub.Consume(self._request_stream(self._requests))
+        self._call = stub.Consume(self._request_stream(self._requests), metadata=self._metadata)
         subscribed = await self._read(None)
         self.consumer_id = subscribed.consumer_id
 

@@ -17,6 +17,7 @@ import lz4.frame
 import zstandard
 from crc32c import crc32c
 
+from danube_ingest.client._auth import call_metadata
 from danube_ingest.client._errors import PublishError
 from danube_ingest.client._tls import TlsOptions, open_channel
 from danube_ingest.errors import InvalidEntryError
@@ -40,6 +41,8 @@ _RETRIABLE = frozenset(
     }
 )
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+#: A stream refused as a whole for its credentials (``token``).
+_REFUSED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 
 
 def new_producer_id() -> int:
@@ -110,6 +113,9 @@ class Producer:
 
     ``tls`` (:class:`TlsOptions`) connects with TLS (a private CA, a client certificate for
     mutual TLS); an ``https://`` URL alone does too, with the system's trusted roots.
+    ``token``: a JWT or API key sent as ``authorization: Bearer`` (daemons with
+    ``auth.enabled``); a stream refused for it (UNAUTHENTICATED, PERMISSION_DENIED) fails the
+    futures of every batch sent with :class:`PublishError` instead of resending them.
     """
 
     def __init__(
@@ -129,9 +135,11 @@ class Producer:
         max_backoff_ms: float = 2000.0,
         channel: grpc.aio.Channel | None = None,
         tls: TlsOptions | None = None,
+        token: str | None = None,
     ) -> None:
         self.topic = topic
         self.producer_name = producer_name
+        self._metadata = call_metadata(token)
         self.producer_id = new_producer_id() if idempotent else 0
         self._url = url
         self._tls = tls
@@ -383,13 +391,22 @@ class Producer:
         delay = self._backoff
         while not self._closing:
             assert self._channel is not None
-            call = pb_grpc.IngestServiceStub(self._channel).Publish()  # type: ignore[no-untyped-call]
+            stub = pb_grpc.IngestServiceStub(self._channel)  # type: ignore[no-untyped-call]
+            call = stub.Publish(metadata=self._metadata)
             reader = asyncio.get_running_loop().create_task(self._read(call))
             try:
                 await self._write(call, reader)
                 delay = self._backoff
             except (grpc.aio.AioRpcError, ConnectionError) as exc:
                 log.info("publish stream lost topic=%s error=%s", self.topic, exc)
+                if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSED:
+                    # Credentials refused: resending cannot help; fail what was sent.
+                    error = PublishError(exc.code(), exc.details() or "", self.topic)
+                    refused = [*self._in_flight.values(), *self._ready]
+                    self._in_flight.clear()
+                    self._ready.clear()
+                    for batch in refused:
+                        self._fail(batch, error, False)
             finally:
                 reader.cancel()
                 with _suppress_cancel():

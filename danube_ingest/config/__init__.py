@@ -9,6 +9,7 @@ Every key is optional (each has a documented default) and unknown keys are error
     dispatch:  DispatchConfig  acks, redelivery, poison messages
     etcd:      EtcdConfig      metadata store
     metrics:   MetricsConfig   metrics, health and readiness HTTP port
+    auth:      AuthConfig      authentication (JWT, API keys) and permissions (``auth`` module)
 
 Modules: ``values`` (value syntax and field types), ``models`` (the sections), ``loader``
 (YAML, interpolation, overrides, error messages).
@@ -29,6 +30,7 @@ Invalid input raises :class:`~danube_ingest.errors.ConfigError` naming the dotte
 ``storage.wal.fsync: must be 'always' or 'never' (got 'sometimes')``.
 """
 
+from danube_ingest.config.auth import AuthConfig
 from danube_ingest.config.loader import load_config, parse_config
 from danube_ingest.config.models import (
     BrokerConfig,
@@ -46,6 +48,7 @@ from danube_ingest.config.models import (
 from danube_ingest.config.values import parse_duration, parse_size
 
 __all__ = [
+    "AuthConfig",
     "BrokerConfig",
     "BrokerSection",
     "CacheConfig",

@@ -13,6 +13,7 @@ from pydantic import (
     model_validator,
 )
 
+from danube_ingest.config.auth import AuthConfig
 from danube_ingest.config.values import (
     GiB,
     KiB,
@@ -844,6 +845,9 @@ class BrokerConfig(_Section):
     etcd: EtcdConfig = Field(default_factory=EtcdConfig, description="Metadata store.")
     metrics: MetricsConfig = Field(
         default_factory=MetricsConfig, description="Metrics and health endpoints."
+    )
+    auth: AuthConfig = Field(
+        default_factory=AuthConfig, description="Authentication and permissions."
     )
 
     def wal_dir(self) -> Path:

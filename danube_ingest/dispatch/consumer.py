@@ -115,6 +115,11 @@ class ConsumerHandle:
         unacknowledged, ascending."""
         return sorted(o for o in self._window if first <= o <= last)
 
+    def holds(self, offset: int) -> bool:
+        """Reliable subscriptions: whether ``offset`` is dispatched to this consumer and not yet
+        acknowledged (who may settle it)."""
+        return offset in self._window
+
     def close(self) -> None:
         """Detach this consumer if it is still attached (a no-op after a takeover)."""
         self._owner._detach_handle(self)

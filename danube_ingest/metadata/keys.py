@@ -12,7 +12,9 @@ Below the prefix (default ``/danube``); ``{ns}/{topic}`` comes from a topic name
     subscriptions/{ns}/{topic}/{sub}               SubscriptionRecord
     subscriptions/{ns}/{topic}/{sub}/cursor        every offset below it is acked (int)
     clients/{id}                                   ClientRecord
-    clients/next_id                                next client id to hand out (int)
+    clients/next_id                                next client id (written by earlier versions)
+    producer-ids/{id}                              principal using an idempotent batch producer
+                                                   id (text; auth on)
     schemas/...                                    schema registry
     wal/{broker}/{region}/floor/{ns}/{topic}       prune mark
     storage/topics/{ns}/{topic}/objects/{start:020}  manifest entry
@@ -144,8 +146,13 @@ class Keys:
             raise InvalidNameError(f"invalid client id {client_id}: ids start at 1")
         return f"{self.clients_prefix()}{client_id}"
 
+    def producer_id_owner(self, producer_id: int) -> str:
+        """The principal an idempotent batch producer id is bound to (``auth.enabled``)."""
+        return f"{self.prefix}/producer-ids/{producer_id}"
+
     def clients_next_id(self) -> str:
-        """The next client id to hand out."""
+        """Where earlier versions kept the next client id (ids are random now): skipped when
+        listing registrations."""
         return f"{self.clients_prefix()}next_id"
 
     def client_name(self, topic: str, name: str, subscription: str | None = None) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
@@ -20,9 +21,9 @@ from danube_ingest.metadata.kv import KV, Compare, Delete, Get, Put
 ClientKind = Literal["producer", "consumer"]
 ValidationPolicy = Literal["none", "warn", "enforce"]
 
-#: Client id allocation gives up after this many lost races in a row (each lost race means
-#: another allocation succeeded, so this only trips under extreme contention).
-_ALLOCATE_ATTEMPTS = 1000
+#: Client id allocation gives up after this many random ids in a row that are taken (with 2**63
+#: ids, even one taken draw is practically impossible: this bounds a broken random source).
+_ALLOCATE_ATTEMPTS = 8
 
 
 def now_ms() -> int:
@@ -120,6 +121,9 @@ class ClientRecord(_JsonRecord):
     """Whether the client uses reliable dispatch."""
     created_ms: int = field(default_factory=now_ms)
     """When the client registered."""
+    principal: str | None = None
+    """The authenticated principal that created it (only it may use the id); ``None`` when
+    it was created with ``auth.enabled`` off."""
 
     def __post_init__(self) -> None:
         split_topic(self.topic)
@@ -265,20 +269,25 @@ class Records:
     # clients
 
     async def allocate_client_id(self) -> int:
-        """A client id never handed out before (ids start at 1), also under concurrency."""
-        key = self.keys.clients_next_id()
-        seen = await self.kv.get(key)
+        """A client id no registration has: random in [1, 2**63), so ids cannot be guessed
+        from one another (a caller learns nothing about other callers' ids from its own)."""
         for _ in range(_ALLOCATE_ATTEMPTS):
-            next_id = 1 if seen is None else _decode_int(seen.value, key)
-            result = await self.kv.txn(
-                [Compare.unchanged(key, seen)],
-                [Put(key, str(next_id + 1).encode())],
-                [Get(key)],
-            )
-            if result.succeeded:
-                return next_id
-            seen = result.kv(0)
-        raise MetadataError(f"client id allocation lost {_ALLOCATE_ATTEMPTS} races in a row")
+            client_id = secrets.randbits(63)
+            if client_id and await self.kv.get(self.keys.client(client_id)) is None:
+                return client_id
+        raise MetadataError(f"no free client id in {_ALLOCATE_ATTEMPTS} random draws")
+
+    async def claim_producer_id(self, producer_id: int, principal: str) -> str:
+        """Bind an idempotent batch producer id to ``principal`` unless it is bound already,
+        atomically; returns the principal it is bound to."""
+        key = self.keys.producer_id_owner(producer_id)
+        result = await self.kv.txn(
+            [Compare.absent(key)], [Put(key, principal.encode())], [Get(key)]
+        )
+        existing = result.kv(0)
+        if result.succeeded or existing is None:
+            return principal
+        return existing.value.decode()
 
     async def put_client(self, record: ClientRecord) -> None:
         """Store (create or replace) a client registration and its name index, atomically."""

@@ -93,10 +93,13 @@ async def test_subscriptions_and_cursors(records: Records) -> None:
     assert await records.list_subscriptions(t) == [s2]
 
 
-async def test_client_ids_are_unique_under_concurrency(records: Records) -> None:
+async def test_client_ids_are_unique_random_and_63_bit(records: Records) -> None:
     ids = await asyncio.gather(*(records.allocate_client_id() for _ in range(50)))
-    assert sorted(ids) == list(range(1, 51))
-    assert await records.allocate_client_id() == 51
+    assert len(set(ids)) == 50
+    assert all(0 < i < 2**63 for i in ids)
+    # Not sequential (nor guessable from one another): neighbours of an id are not ids.
+    assert not {i + 1 for i in ids} & set(ids)
+    assert sum(i > 2**40 for i in ids) >= 45
 
 
 async def test_clients_put_get_find_delete(records: Records) -> None:
@@ -111,7 +114,9 @@ async def test_clients_put_get_find_delete(records: Records) -> None:
         await records.put_client(record)
     assert await records.get_client(producer.client_id) == producer
     assert await records.get_client(99) is None
-    assert sorted(c.client_id for c in await records.list_clients()) == [1, 2, 3]
+    assert sorted(c.client_id for c in await records.list_clients()) == sorted(
+        r.client_id for r in (producer, consumer, other)
+    )
     assert await records.find_producer("/ns/t", "p1") == producer
     assert await records.find_producer("/ns/t", "c1") is None
     assert await records.find_consumer("/ns/t", "sub", "c1") == consumer
