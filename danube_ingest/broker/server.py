@@ -6,7 +6,8 @@ bind the port and answer every call ``UNAVAILABLE`` (clients retry at once inste
 on a port that accepts connections but serves nothing), serve the metrics port
 (``metrics.listen``: ``/metrics``, ``/healthz``, and ``/readyz``, which answers 503 until the
 broker serves and again from the start of its shutdown), recover the WAL, connect to etcd,
-register the broker under a lease (taking back at once the registration a crashed previous
+check that the object store is the cluster's (``objects.cluster``), register the broker under a
+lease (taking back at once the registration a crashed previous
 process on this data directory left), then serve. Shutdown (``stop``) is the reverse and loses
 nothing: streams end, in-flight publishes finish or fail within the grace period, cursors are
 flushed, topics are released so another broker can take them over at once, the WAL is synced
@@ -44,6 +45,8 @@ from danube_ingest.metadata.progress import ProgressUpdater
 from danube_ingest.metadata.records import Records
 from danube_ingest.metadata.session import BrokerSession
 from danube_ingest.objects.cleaner import WalCleaner
+from danube_ingest.objects.cluster import check_cluster_id
+from danube_ingest.objects.handover import TailHandover
 from danube_ingest.objects.reader import CloudReader
 from danube_ingest.objects.reclock import ClockKeeper
 from danube_ingest.objects.store import ObjectStore, RetryPolicy
@@ -195,6 +198,7 @@ class Broker:
         self._ownership: Ownership | None = None
         self.objects: ObjectStore | None = None
         self.uploader: SegmentUploader | None = None
+        self.tail_handover: TailHandover | None = None
         self.cleaner: WalCleaner | None = None
         self.clock_keeper: ClockKeeper | None = None
         self.port = 0
@@ -249,6 +253,10 @@ class Broker:
             data_dir_id=dir_id,
             metrics_url=self.metrics_url,
         )
+        if config.storage.mode == "wal_cloud":
+            # Before registering: a broker on another store than the cluster's never starts.
+            self.objects = ObjectStore.from_config(config)
+            await check_cluster_id(kv, keys, self.objects)
         await _start_session(self._session)
         ownership = Ownership(kv, keys, self._session)
         self._ownership = ownership
@@ -370,7 +378,7 @@ class Broker:
         manifest = None
         broker_id = config.broker.broker_id
         if storage.mode == "wal_cloud":
-            self.objects = ObjectStore.from_config(config)
+            self.objects = self.objects or ObjectStore.from_config(config)
             manifest = Manifest(kv, keys)
             store.attach_cloud(CloudReader(manifest, self.objects))
             if storage.uploader.enabled:
@@ -384,6 +392,7 @@ class Broker:
                     retry=RetryPolicy.from_config(storage.uploader),
                     max_bytes_per_second=storage.uploader.max_bytes_per_second,
                 )
+                self.tail_handover = TailHandover(store, self.uploader, manifest, ownership)
         self.cleaner = WalCleaner(
             store,
             broker_id=broker_id,
@@ -398,6 +407,8 @@ class Broker:
         if self.uploader is not None:
             self.uploader.on_uploaded(self.cleaner.wake)
             self.uploader.start()
+            if self.tail_handover is not None:
+                self.tail_handover.start()
             if storage.clock_interval_seconds > 0:
                 # Started once the topic manager exists: it names the topics served here.
                 self.clock_keeper = ClockKeeper(
@@ -426,6 +437,8 @@ class Broker:
             await self.manager.close()
         if self._progress is not None:
             await self._progress.close()
+        if self.tail_handover is not None:
+            await self.tail_handover.stop()
         if self.uploader is not None:
             await self.uploader.stop()
         if self.cleaner is not None:

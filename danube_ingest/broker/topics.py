@@ -9,7 +9,9 @@ Guarantees:
   same (topic, subscription, consumer name) gets the same consumer id.
 * A topic is served only while this broker owns it (lease + epoch in etcd). A new owner
   continues the topic's offsets after every offset the previous owner may have assigned, and
-  stamps no ingest time below the topic's stored clock (``metadata.clock``).
+  stamps no ingest time below the topic's stored clock (``metadata.clock``). With an object
+  store, a new owner serves nothing of a topic whose previous owner may hold unuploaded
+  acknowledged entries until that tail is recovered or declared lost (``broker.takeover``).
 * Consumer streams outlive a lost ownership (an etcd outage longer than the lease): a
   ``ReceiveMessages`` stream stays open, sending nothing, while the topic is not served here,
   and health checks answer OK meanwhile (a CLOSE would make danube-client re-subscribe, which
@@ -44,6 +46,7 @@ from danube_ingest.broker.errors import (
 )
 from danube_ingest.broker.names import parse_topic, partition_base
 from danube_ingest.broker.start import LATEST, StartPosition
+from danube_ingest.broker.takeover import TakeoverGate
 from danube_ingest.broker.validation import check_message, check_name
 from danube_ingest.config import LimitsConfig
 from danube_ingest.dispatch import (
@@ -59,6 +62,7 @@ from danube_ingest.dispatch import (
 from danube_ingest.errors import DanubeIngestError, OffsetOutOfRangeError
 from danube_ingest.metadata.clock import read_clock
 from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError, TopicDeletedError
+from danube_ingest.metadata.handover import LOST
 from danube_ingest.metadata.jumps import record_jump
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest
@@ -161,6 +165,7 @@ class TopicManager:
         self._keys = keys
         self._ownership = ownership
         self._reservations = reservations
+        self._takeover = TakeoverGate(ownership, reservations)
         self._progress = progress
         self._schemas = schemas
         self._limits = limits
@@ -278,18 +283,28 @@ class TopicManager:
                     topic, local.next_offset if local is not None else None
                 )
                 floor = 0
+                resolved = None
                 if self._manifest is not None:
+                    manifest_end = await self._manifest.end_offset(topic)
+                    # Raises (UNAVAILABLE) while the previous owner's tail is awaited.
+                    resolved = await self._takeover.check(topic, manifest_end)
+                    if resolved is not None and resolved.end is not None:
+                        start = resolved.end
                     # What earlier owners uploaded: never reassign those offsets (defence in
                     # depth; the reservation already lies beyond them).
-                    known = max(known, await self._manifest.end_offset(topic))
+                    known = max(known, manifest_end)
                     start = max(start, known)
                     # Never stamp a time below what the topic's clock (maybe an earlier
                     # owner's, with a clock ahead of ours) says of every later entry.
                     clock = await read_clock(self._ownership.kv, self._keys, topic)
                     floor = 0 if clock is None else clock.ingest_ms
-                # Offsets skipped past what is known to exist: recorded before any is assigned.
-                await record_jump(self._ownership, topic, known, start)
+                if resolved is None or resolved.state != LOST:
+                    # Offsets skipped past what is known to exist: recorded before any is
+                    # assigned (a range declared lost was recorded with its resolution).
+                    await record_jump(self._ownership, topic, known, start)
                 await self._store.ensure_topic(topic, min_next_offset=start, min_ingest_ms=floor)
+                if resolved is not None:
+                    await self._reservations.adopt(topic, start)
             else:
                 runtime.fanout = NonReliableTopic(topic)
             self._topics[topic] = runtime
