@@ -163,13 +163,10 @@ async def begin_handover(
 
 
 async def commit_tail(
-    manifest: Manifest,
-    record: Handover,
-    stored: KeyValue,
-    ranges: Sequence[ObjectRange],
-    broker_id: str,
+    manifest: Manifest, stored: KeyValue, ranges: Sequence[ObjectRange], broker_id: str
 ) -> bool:
-    """Commit ``broker_id``'s orphaned ranges of ``record.topic`` under the pending record.
+    """Commit ``broker_id``'s orphaned ranges under the pending takeover record ``stored``
+    (as read from etcd).
 
     Returns True once every range is in the manifest (now or before); False if the record is
     not this broker's pending takeover any more (changed, resolved, or declared lost), or the
@@ -177,6 +174,7 @@ async def commit_tail(
     transaction compares the record's exact value, so it cannot race ``forget_broker`` or a
     later takeover.
     """
+    record = Handover.decode(_topic_of(manifest.keys, stored.key), stored.value, stored.key)
     if record.state != PENDING or record.previous != broker_id:
         return False
     todo = []
@@ -218,11 +216,13 @@ async def commit_tail(
     return result.succeeded
 
 
-async def resolve_recovered(
-    manifest: Manifest, record: Handover, stored: KeyValue
-) -> Handover | None:
-    """Mark the pending ``record`` recovered at the manifest's end (what the previous broker
-    committed of its tail); the new owner continues there. None if the record changed."""
+async def resolve_recovered(manifest: Manifest, stored: KeyValue) -> Handover | None:
+    """Mark the pending takeover record ``stored`` (as read from etcd) recovered at the
+    manifest's end (what the previous broker committed of its tail); the new owner continues
+    there. None if the record changed since it was read, or is not pending."""
+    record = Handover.decode(_topic_of(manifest.keys, stored.key), stored.value, stored.key)
+    if record.state != PENDING:
+        return None
     end = await manifest.end_offset(record.topic)
     if not record.committed <= end <= record.reserved:
         raise MetadataError(

@@ -94,8 +94,7 @@ class TailHandover:
             found = await read_handover(self._manifest.kv, self._manifest.keys, topic)
             if found is None:
                 continue
-            record, stored = found
-            if await commit_tail(self._manifest, record, stored, entries, self._broker_id):
+            if await commit_tail(self._manifest, found[1], entries, self._broker_id):
                 done.add(topic)
         return done
 
@@ -136,7 +135,7 @@ class TailHandover:
                     topic,
                 )
                 continue
-            if await resolve_recovered(self._manifest, record, stored) is not None:
+            if await resolve_recovered(self._manifest, stored) is not None:
                 self._sealed.pop(topic, None)
                 resolved.append(topic)
         return resolved
