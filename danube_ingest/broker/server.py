@@ -278,6 +278,7 @@ class Broker:
             policy=dispatch_policy(config),
             consumer_idle_seconds=float(config.dispatch.consumer_idle_seconds),
             manifest=manifest,
+            hand_over_on_close=self.uploader is not None,
         )
         if self.clock_keeper is not None:
             self.clock_keeper.start()

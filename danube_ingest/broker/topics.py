@@ -108,6 +108,10 @@ UNLOAD_HOLD_SECONDS = 30.0
 #: An unload waits this long for the uploader to commit the topic's WAL tail; if it cannot,
 #: the unload is given up and the topic stays here (handing it over would leave a gap).
 UNLOAD_UPLOAD_TIMEOUT = 60.0
+#: A clean shutdown waits at most this long for the uploader to commit the WAL tails of the
+#: topics served here (so their next owners need not wait for this broker's restart); well
+#: within the 30 s a supervisor typically allows between SIGTERM and SIGKILL.
+SHUTDOWN_UPLOAD_TIMEOUT = 10.0
 
 
 @dataclass
@@ -156,8 +160,12 @@ class TopicManager:
         policy: DispatchPolicy,
         consumer_idle_seconds: float = 30.0,
         manifest: Manifest | None = None,
+        hand_over_on_close: bool = False,
     ) -> None:
+        """``hand_over_on_close``: an uploader runs (``close`` then commits every topic's WAL
+        tail and hands its exact end over, see ``_hand_over_all``)."""
         self.broker_id = broker_id
+        self._hand_over_on_close = hand_over_on_close
         self._manifest = manifest
         self.broker_url = broker_url
         self._store = store
@@ -1022,7 +1030,8 @@ class TopicManager:
     # -- shutdown --------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Stop every subscription, flush cursors, give topics up. Idempotent."""
+        """Stop every subscription, flush cursors, (``hand_over_on_close``) commit the WAL
+        tails and hand their exact ends over, give topics up. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -1038,9 +1047,51 @@ class TopicManager:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         await self._progress.flush()
+        if self._hand_over_on_close:
+            await self._hand_over_all()
         for topic in list(self._topics):
             await self._ownership.release(topic)
         self._topics.clear()
+
+    async def _hand_over_all(self) -> None:
+        """Shutdown: commit every reliable topic's WAL tail and set its reservation to the exact
+        end, so that the next owner continues at once, with no gap and no wait
+        (``broker.takeover``). A topic whose tail is not committed within
+        SHUTDOWN_UPLOAD_TIMEOUT is released as it is: its next owner waits for this broker's
+        restart (or ``brokers forget``)."""
+        ends: dict[str, int] = {}
+        sealed: set[str] = set()
+        for name, runtime in self._topics.items():
+            info = self._store.info(name) if runtime.reliable else None
+            if info is None or not self._ownership.is_owner(name):
+                continue
+            if info.region not in sealed:  # one seal per region takes all of its topics
+                sealed.add(info.region)
+                ends[name] = self._store.seal(name)
+            else:
+                ends[name] = self._store.next_offset(name)
+        deadline = time.monotonic() + SHUTDOWN_UPLOAD_TIMEOUT
+        while ends:
+            for name, end in list(ends.items()):
+                if not self._store.uploaded_below(name, end):
+                    continue
+                del ends[name]
+                try:
+                    await self._reservations.hand_over(name, end)
+                except DanubeIngestError as exc:
+                    log.warning(
+                        "shutdown hand-over failed topic=%s end=%d error=%s", name, end, exc
+                    )
+            if not ends or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(_RECOVER_POLL_SECONDS)
+        if ends:
+            log.warning(
+                "shutdown: WAL tails not committed within %.0f s topics=%s (their next owners "
+                "wait for this broker's restart)",
+                SHUTDOWN_UPLOAD_TIMEOUT,
+                ",".join(sorted(ends)),
+            )
 
 
 _TYPE_NAMES = {
