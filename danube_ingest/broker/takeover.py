@@ -8,9 +8,9 @@ uploaded; the gate records a pending takeover (``metadata.handover``) and raises
 
 * recovered: the previous broker committed its tail; the owner continues at the manifest's end
   (no gap, no recorded jump);
-* lost (``danube-ingest brokers forget``): the owner continues at the reservation; the jump
-  over the lost range was recorded with the resolution, and it is counted in
-  ``danube_ingest_takeover_lost_offsets``.
+* lost (``danube-ingest brokers forget``, before or during the wait): the owner continues at
+  the reservation; the jump over the lost range was recorded with the resolution, and it is
+  counted in ``danube_ingest_takeover_lost_offsets``.
 
 Without an object store (``local_only``) a new owner reads nothing the old one stored anyway,
 and the gate is not used.
@@ -22,7 +22,15 @@ import logging
 import time
 
 from danube_ingest.broker.errors import TakeoverPendingError
-from danube_ingest.metadata.handover import LOST, PENDING, Handover, begin_handover, read_handover
+from danube_ingest.metadata.handover import (
+    LOST,
+    PENDING,
+    Handover,
+    begin_handover,
+    declare_lost,
+    is_forgotten,
+    read_handover,
+)
 from danube_ingest.metadata.offsets import OffsetReservation
 from danube_ingest.metadata.ownership import Ownership
 from danube_ingest.observability.metrics import TAKEOVER_LOST_OFFSETS, TAKEOVER_WAIT_SECONDS
@@ -59,6 +67,14 @@ class TakeoverGate:
                 self._ownership, topic, previous=previous, committed=manifest_end, reserved=reserved
             )
         record = found[0]
+        # Declared lost before this takeover began (and not back): skip its tail as
+        # ``brokers forget`` would have.
+        if (
+            record.state == PENDING
+            and await is_forgotten(kv, keys, previous)
+            and await kv.get(keys.broker(previous)) is None
+        ):
+            record = await declare_lost(kv, keys, found[1], previous) or record
         if record.state == PENDING:
             self._waiting.setdefault(topic, time.monotonic())
             raise TakeoverPendingError(topic, previous, record.committed, record.reserved)

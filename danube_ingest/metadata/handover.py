@@ -18,10 +18,11 @@ A record is resolved exactly once, by one of:
   woken, commits its orphaned ranges into the manifest in transactions that compare the
   pending record's exact value, then sets ``end`` to the manifest's end. The new owner continues
   there: no gap, every acknowledged entry readable.
-* **lost** (``forget_broker``, the operator's ``danube-ingest brokers forget ID``): one
-  transaction per record, comparing its value, marks it lost with ``end = reserved`` and writes
-  a recorded jump ``[committed, reserved)`` with reason ``"lost"`` (``metadata.jumps``). After
-  that the previous broker's ``commit_tail`` compares a changed record and commits nothing.
+* **lost** (``forget_broker``, the operator's ``danube-ingest brokers forget ID``, or
+  ``declare_lost`` by a new owner for a takeover that begins after it): one transaction per
+  record, comparing its value, marks it lost with ``end = reserved`` and writes a recorded jump
+  ``[committed, reserved)`` with reason ``"lost"`` (``metadata.jumps``). After that the
+  previous broker's ``commit_tail`` compares a changed record and commits nothing.
 
 A record concerns one takeover: ``(previous, reserved)``. A later takeover (another
 previous broker or reservation) replaces it. Records are tiny and kept after resolution (a lost
@@ -41,7 +42,7 @@ from typing import Literal
 from danube_ingest.metadata.errors import MetadataError
 from danube_ingest.metadata.jumps import OffsetJump
 from danube_ingest.metadata.keys import Keys
-from danube_ingest.metadata.kv import KV, Compare, Get, KeyValue, Put
+from danube_ingest.metadata.kv import KV, Compare, Delete, Get, KeyValue, Put
 from danube_ingest.metadata.manifest import Manifest, ObjectRange, covered
 from danube_ingest.metadata.ownership import Ownership
 
@@ -250,7 +251,9 @@ async def forget_broker(kv: KV, keys: Keys, broker_id: str) -> list[Handover]:
     it as lost and record a jump over ``[committed, reserved)`` in the same transaction.
 
     Returns the records resolved now. A record that changed meanwhile (its tail was just
-    recovered) is read again and left if no longer pending. Idempotent. Raises
+    recovered) is read again and left if no longer pending. Also marks the broker forgotten
+    (``forgotten/{id}``): a takeover from it that begins later (a topic nobody had taken over
+    yet) resolves as lost at once, until the broker starts again. Idempotent. Raises
     ``BrokerAliveError`` (nothing changed) while ``broker_id`` is registered.
     """
     if await kv.get(keys.broker(broker_id)) is not None:
@@ -259,40 +262,66 @@ async def forget_broker(kv: KV, keys: Keys, broker_id: str) -> list[Handover]:
             "its unuploaded tails over by itself; forget only a broker that is gone for good"
         )
     lost: list[Handover] = []
-    for record, stored in await list_handovers(kv, keys):
-        while record.state == PENDING and record.previous == broker_id:
-            done = dataclasses.replace(record, state=LOST, end=record.reserved, at_ms=_now_ms())
-            jump = OffsetJump(
-                topic=record.topic,
-                start=record.committed,
-                end=record.reserved,
-                epoch=record.epoch,
-                broker=broker_id,
-                reason="lost",
-                at_ms=done.at_ms,
-            )
-            result = await kv.txn(
-                [Compare.value_is(stored.key, stored.value)],
-                [
-                    Put(stored.key, done.encode()),
-                    Put(keys.storage_jump(record.topic, record.committed), jump.encode()),
-                ],
-            )
-            if result.succeeded:
-                log.warning(
-                    "offsets declared lost topic=%s from=%d to=%d broker=%s",
-                    record.topic,
-                    record.committed,
-                    record.reserved,
-                    broker_id,
-                )
-                lost.append(done)
-                break
-            again = await read_handover(kv, keys, record.topic)
-            if again is None:
-                break
-            record, stored = again
+    for _, stored in await list_handovers(kv, keys):
+        done = await declare_lost(kv, keys, stored, broker_id)
+        if done is not None:
+            lost.append(done)
+    # Takeovers that begin later (topics nobody has taken over yet) skip at once, until the
+    # broker starts again (``clear_forgotten``).
+    at = json.dumps({"at_ms": _now_ms()}).encode()
+    await kv.txn([], [Put(keys.forgotten_broker(broker_id), at)])
     return lost
+
+
+async def declare_lost(kv: KV, keys: Keys, stored: KeyValue, broker_id: str) -> Handover | None:
+    """Resolve the takeover record ``stored`` as lost if it is pending on ``broker_id``, with a
+    recorded jump over ``[committed, reserved)`` in the same transaction; returns the resolved
+    record (None: not pending on that broker, as read again if it changed meanwhile)."""
+    keyed = stored.key
+    topic = _topic_of(keys, keyed)
+    current: KeyValue | None = stored
+    while current is not None:
+        record = Handover.decode(topic, current.value, keyed)
+        if record.state != PENDING or record.previous != broker_id:
+            return None
+        done = dataclasses.replace(record, state=LOST, end=record.reserved, at_ms=_now_ms())
+        jump = OffsetJump(
+            topic=topic,
+            start=record.committed,
+            end=record.reserved,
+            epoch=record.epoch,
+            broker=broker_id,
+            reason="lost",
+            at_ms=done.at_ms,
+        )
+        result = await kv.txn(
+            [Compare.value_is(keyed, current.value)],
+            [
+                Put(keyed, done.encode()),
+                Put(keys.storage_jump(topic, record.committed), jump.encode()),
+            ],
+        )
+        if result.succeeded:
+            log.warning(
+                "offsets declared lost topic=%s from=%d to=%d broker=%s",
+                topic,
+                record.committed,
+                record.reserved,
+                broker_id,
+            )
+            return done
+        current = await kv.get(keyed)
+    return None
+
+
+async def is_forgotten(kv: KV, keys: Keys, broker_id: str) -> bool:
+    """Whether ``brokers forget`` declared ``broker_id`` lost and it has not started since."""
+    return await kv.get(keys.forgotten_broker(broker_id)) is not None
+
+
+async def clear_forgotten(kv: KV, keys: Keys, broker_id: str) -> None:
+    """A broker that starts is no longer forgotten: later takeovers from it wait again."""
+    await kv.txn([], [Delete(keys.forgotten_broker(broker_id))])
 
 
 def _now_ms() -> int:
@@ -306,8 +335,11 @@ __all__ = [
     "BrokerAliveError",
     "Handover",
     "begin_handover",
+    "clear_forgotten",
     "commit_tail",
+    "declare_lost",
     "forget_broker",
+    "is_forgotten",
     "list_handovers",
     "read_handover",
     "resolve_recovered",

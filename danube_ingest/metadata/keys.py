@@ -25,7 +25,9 @@ Below the prefix (default ``/danube``); ``{ns}/{topic}`` comes from a topic name
                                                    manifest change stopped naming
     handovers/{ns}/{topic}                         Handover: a new owner waits for the
                                                    previous owner's tail (metadata.handover)
-    cluster/id                                     the cluster id (str; metadata.cluster)
+    forgotten/{id}                                 {at_ms}: broker declared lost (brokers forget)
+                                                   until it starts again
+    cluster/id                                     the cluster id (str; objects.cluster)
     policies/{ns}                                  RetentionPolicy of a namespace
     policies/{ns}/{topic}                          RetentionPolicy of a topic (over its ns's)
     compaction/samples                             [[ms, revision], ...]: etcd revisions seen
@@ -215,6 +217,10 @@ class Keys:
     def handover(self, topic: str) -> str:
         """The topic's takeover record: which broker's unuploaded tail a new owner waits for."""
         return f"{self.handovers_prefix()}{self._topic_path(topic)}"
+
+    def forgotten_broker(self, broker_id: str) -> str:
+        """Set by ``brokers forget``: takeovers from this broker skip its tail at once."""
+        return f"{self.prefix}/forgotten/{check_segment(broker_id, 'broker id')}"
 
     def cluster_id(self) -> str:
         """The cluster id (``metadata.cluster``), written once by the first broker."""

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.handover import (
     PENDING,
+    clear_forgotten,
     commit_tail,
     list_handovers,
     read_handover,
@@ -141,7 +142,15 @@ class TailHandover:
         return resolved
 
     async def _run(self) -> None:
+        started = False
         while True:
+            if not started:
+                try:
+                    # Back: takeovers from this broker wait for its tails again.
+                    await clear_forgotten(self._manifest.kv, self._manifest.keys, self._broker_id)
+                    started = True
+                except DanubeIngestError as exc:
+                    log.warning("forgotten mark not cleared (will retry) error=%s", exc)
             try:
                 await self.run_once()
             except DanubeIngestError as exc:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from danube_ingest.broker.errors import TakeoverPendingError
+from danube_ingest.broker.takeover import TakeoverGate
 from danube_ingest.metadata import KV, Keys, Manifest, ObjectRange
 from danube_ingest.metadata.handover import (
     LOST,
@@ -13,8 +15,10 @@ from danube_ingest.metadata.handover import (
     BrokerAliveError,
     Handover,
     begin_handover,
+    clear_forgotten,
     commit_tail,
     forget_broker,
+    is_forgotten,
     list_handovers,
     read_handover,
     resolve_recovered,
@@ -132,3 +136,54 @@ async def test_a_forgotten_brokers_range_is_recorded_lost_and_never_committed(
     assert not await commit_tail(manifest, stored, [_range(10, 25, seq=1)], "a")
     assert await manifest.end_offset(TOPIC) == 10
     assert reserved == 25 + OFFSET_BLOCK
+
+
+async def test_a_takeover_that_begins_after_forget_skips_at_once(
+    brokers: tuple[Broker, Broker], kv: KV, keys: Keys
+) -> None:
+    a, b = brokers
+    manifest = Manifest(kv, keys)
+    await a.ownership.acquire(TOPIC)
+    reserved = await a.offsets.ensure(TOPIC, 25)
+    assert (await manifest.commit(a.ownership, [_range(0, 10)])).committed
+    await a.ownership.release(TOPIC)
+    await a.session.close()
+    assert await forget_broker(kv, keys, "a") == []  # nobody waits yet
+    assert await is_forgotten(kv, keys, "a")
+    # B takes the topic over only now: it records the wait and resolves it lost at once.
+    await b.ownership.acquire(TOPIC)
+    await b.offsets.start_offset(TOPIC)
+    gate = TakeoverGate(b.ownership, b.offsets)
+    record = await gate.check(TOPIC, 10)
+    assert record is not None and (record.state, record.end) == (LOST, reserved)
+    [jump] = await read_jumps(kv, keys, TOPIC)
+    assert (jump.start, jump.end, jump.broker, jump.reason) == (10, reserved, "a", "lost")
+    # A broker that starts again is no longer forgotten: takeovers from it wait again.
+    await clear_forgotten(kv, keys, "a")
+    assert not await is_forgotten(kv, keys, "a")
+
+
+async def test_the_gate_waits_while_pending_and_continues_at_the_recovered_end(
+    brokers: tuple[Broker, Broker], kv: KV, keys: Keys
+) -> None:
+    a, b = brokers
+    manifest = Manifest(kv, keys)
+    await a.ownership.acquire(TOPIC)
+    reserved = await a.offsets.ensure(TOPIC, 25)
+    assert (await manifest.commit(a.ownership, [_range(0, 10)])).committed
+    await a.ownership.release(TOPIC)
+    await b.ownership.acquire(TOPIC)
+    await b.offsets.start_offset(TOPIC)
+    gate = TakeoverGate(b.ownership, b.offsets)
+    for _ in range(2):  # the record is written once, then found again
+        with pytest.raises(TakeoverPendingError, match="waits for broker a") as refused:
+            await gate.check(TOPIC, 10)
+        assert refused.value.retriable
+    [(record, stored)] = await list_handovers(kv, keys)
+    assert (record.committed, record.reserved) == (10, reserved)
+    assert await commit_tail(manifest, stored, [_range(10, 20, seq=1)], "a")
+    assert await resolve_recovered(manifest, stored) is not None
+    done = await gate.check(TOPIC, 20)
+    assert done is not None and (done.state, done.end) == (RECOVERED, 20)
+    await b.offsets.adopt(TOPIC, 20)
+    assert await gate.check(TOPIC, 20) is None  # the reservation is B's now
