@@ -255,8 +255,12 @@ class Broker:
         )
         if config.storage.mode == "wal_cloud":
             # Before registering: a broker on another store than the cluster's never starts.
-            self.objects = ObjectStore.from_config(config)
-            await check_cluster_id(kv, keys, self.objects)
+            # (Its own store instance: the data store's statistics count data objects only.)
+            checked = ObjectStore.from_config(config)
+            try:
+                await check_cluster_id(kv, keys, checked)
+            finally:
+                await checked.close()
         await _start_session(self._session)
         ownership = Ownership(kv, keys, self._session)
         self._ownership = ownership
@@ -379,7 +383,7 @@ class Broker:
         manifest = None
         broker_id = config.broker.broker_id
         if storage.mode == "wal_cloud":
-            self.objects = self.objects or ObjectStore.from_config(config)
+            self.objects = ObjectStore.from_config(config)
             manifest = Manifest(kv, keys)
             store.attach_cloud(CloudReader(manifest, self.objects))
             if storage.uploader.enabled:
