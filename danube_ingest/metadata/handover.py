@@ -190,9 +190,10 @@ async def commit_tail(
     position = end
     for rng in todo:
         if rng.start_offset != position or rng.start_offset < record.committed:
-            log.error(
+            # Usually an earlier orphaned range is queued behind this one: tried again next round.
+            log.warning(
                 "orphaned tail does not continue the manifest topic=%s range=%s manifest_end=%d "
-                "(left in the local WAL)",
+                "(kept in the local WAL for now)",
                 record.topic,
                 rng.span(),
                 end,

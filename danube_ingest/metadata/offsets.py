@@ -4,8 +4,10 @@
 may have been assigned by some owner, and ``id`` made the last reservation. Before assigning an
 offset at or past ``N``, the owner raises ``N`` by a block in a fenced transaction; a new owner
 starts at the stored ``N``. A takeover may therefore leave a gap of up to a block, never a
-duplicate. A broker that re-acquires a topic whose last reservation is its own (a restart, with
-nobody assigning offsets in between) continues from its own WAL instead: no gap.
+duplicate, unless the new owner waits for the previous owner's exact end
+(``metadata.handover``) and continues there (``adopt``). A broker that re-acquires a topic
+whose last reservation is its own (a restart, with nobody assigning offsets in between)
+continues from its own WAL instead: no gap.
 """
 
 from __future__ import annotations
