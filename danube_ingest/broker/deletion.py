@@ -9,6 +9,7 @@ record gone, drops the topic from its WAL with a durable DROP frame (``TopicMana
 Guarantees:
 
 * After ``delete_topic`` returns: the topic's record, owner key, offset reservation,
+  takeover record,
   subscriptions and cursors, client registrations and their name index, schema
   configuration, manifest entries, ingest clock, retained floor, retention policy and prune
   marks are gone. Each removed
@@ -78,6 +79,7 @@ async def delete_topic(kv: KV, keys: Keys, topic: str) -> DeletionReport:
             Delete(keys.topic_owner(topic)),
             Delete(keys.topic_offsets(topic)),
             Delete(keys.topic_unload(topic)),
+            Delete(keys.handover(topic)),
             Delete(keys.subscriptions_prefix(topic), prefix=True),
             Delete(keys.schemas_prefix() + topic_config_key(topic)),
         ],

@@ -6,6 +6,8 @@
      ├── TopicNotFoundError          NOT_FOUND
      ├── UnknownClientError          NOT_FOUND            unknown producer or consumer id
      ├── NotOwnerError               UNAVAILABLE          another broker owns the topic (retriable)
+ ├── TakeoverPendingError        UNAVAILABLE          the new owner waits for the previous
+ │                                                    owner's unuploaded tail (retriable)
      ├── StrategyMismatchError       FAILED_PRECONDITION  reliable vs non-reliable, or sub type
      ├── InvalidRequestError         INVALID_ARGUMENT     oversize payload, too many attributes...
      ├── LimitExceededError          RESOURCE_EXHAUSTED   too many producers / consumers
@@ -42,6 +44,24 @@ class NotOwnerError(BrokerError):
         super().__init__(f"topic {topic} is owned by {owner_url or 'another broker'}")
         self.topic = topic
         self.owner_url = owner_url
+
+
+class TakeoverPendingError(BrokerError):
+    """This broker owns the topic but serves nothing of it until the previous owner's
+    unuploaded tail is recovered, or an operator declares that broker lost
+    (``metadata.handover``). Retriable: try again shortly."""
+
+    retriable = True
+
+    def __init__(self, topic: str, previous: str, committed: int, reserved: int) -> None:
+        super().__init__(
+            f"topic {topic} is not served yet: its new owner waits for broker {previous} to "
+            f"upload offsets {committed}..{reserved - 1} it may have acknowledged (restart "
+            f"{previous}, or run 'danube-ingest brokers forget {previous}' to declare them "
+            "lost); retry shortly"
+        )
+        self.topic = topic
+        self.previous = previous
 
 
 class StrategyMismatchError(BrokerError):

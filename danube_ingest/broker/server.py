@@ -6,7 +6,8 @@ bind the port and answer every call ``UNAVAILABLE`` (clients retry at once inste
 on a port that accepts connections but serves nothing), serve the metrics port
 (``metrics.listen``: ``/metrics``, ``/healthz``, and ``/readyz``, which answers 503 until the
 broker serves and again from the start of its shutdown), recover the WAL, connect to etcd,
-register the broker under a lease (taking back at once the registration a crashed previous
+check that the object store is the cluster's (``objects.cluster``), register the broker under a
+lease (taking back at once the registration a crashed previous
 process on this data directory left), then serve. Shutdown (``stop``) is the reverse and loses
 nothing: streams end, in-flight publishes finish or fail within the grace period, cursors are
 flushed, topics are released so another broker can take them over at once, the WAL is synced
@@ -46,6 +47,8 @@ from danube_ingest.metadata.progress import ProgressUpdater
 from danube_ingest.metadata.records import Records
 from danube_ingest.metadata.session import BrokerSession
 from danube_ingest.objects.cleaner import WalCleaner
+from danube_ingest.objects.cluster import check_cluster_id
+from danube_ingest.objects.handover import TailHandover
 from danube_ingest.objects.reader import CloudReader
 from danube_ingest.objects.reclock import ClockKeeper
 from danube_ingest.objects.store import ObjectStore, RetryPolicy
@@ -200,6 +203,7 @@ class Broker:
         self._ownership: Ownership | None = None
         self.objects: ObjectStore | None = None
         self.uploader: SegmentUploader | None = None
+        self.tail_handover: TailHandover | None = None
         self.cleaner: WalCleaner | None = None
         self.clock_keeper: ClockKeeper | None = None
         self.port = 0
@@ -256,6 +260,14 @@ class Broker:
             data_dir_id=dir_id,
             metrics_url=self.metrics_url,
         )
+        if config.storage.mode == "wal_cloud":
+            # Before registering: a broker on another store than the cluster's never starts.
+            # (Its own store instance: the data store's statistics count data objects only.)
+            checked = ObjectStore.from_config(config)
+            try:
+                await check_cluster_id(kv, keys, checked)
+            finally:
+                await checked.close()
         await _start_session(self._session)
         ownership = Ownership(kv, keys, self._session)
         self._ownership = ownership
@@ -277,6 +289,7 @@ class Broker:
             policy=dispatch_policy(config),
             consumer_idle_seconds=float(config.dispatch.consumer_idle_seconds),
             manifest=manifest,
+            hand_over_on_close=self.uploader is not None,
         )
         if self.clock_keeper is not None:
             self.clock_keeper.start()
@@ -405,6 +418,7 @@ class Broker:
                     retry=RetryPolicy.from_config(storage.uploader),
                     max_bytes_per_second=storage.uploader.max_bytes_per_second,
                 )
+                self.tail_handover = TailHandover(store, self.uploader, manifest, ownership)
         self.cleaner = WalCleaner(
             store,
             broker_id=broker_id,
@@ -419,6 +433,8 @@ class Broker:
         if self.uploader is not None:
             self.uploader.on_uploaded(self.cleaner.wake)
             self.uploader.start()
+            if self.tail_handover is not None:
+                self.tail_handover.start()
             if storage.clock_interval_seconds > 0:
                 # Started once the topic manager exists: it names the topics served here.
                 self.clock_keeper = ClockKeeper(
@@ -447,6 +463,8 @@ class Broker:
             await self.manager.close()
         if self._progress is not None:
             await self._progress.close()
+        if self.tail_handover is not None:
+            await self.tail_handover.stop()
         if self.uploader is not None:
             await self.uploader.stop()
         if self.cleaner is not None:

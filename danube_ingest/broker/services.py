@@ -25,6 +25,7 @@ from danube_ingest.broker.errors import (
     LimitExceededError,
     NotOwnerError,
     StrategyMismatchError,
+    TakeoverPendingError,
     TopicNotFoundError,
     UnknownClientError,
 )
@@ -82,6 +83,7 @@ _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (IncompatibleSchemaError, grpc.StatusCode.FAILED_PRECONDITION),
     (SubscriptionBusyError, grpc.StatusCode.PERMISSION_DENIED),
     (NotOwnerError, grpc.StatusCode.UNAVAILABLE),
+    (TakeoverPendingError, grpc.StatusCode.UNAVAILABLE),
     (FencedError, grpc.StatusCode.UNAVAILABLE),
     # The broker's session is being re-registered: retriable, unlike INTERNAL.
     (LeaseExpiredError, grpc.StatusCode.UNAVAILABLE),

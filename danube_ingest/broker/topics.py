@@ -16,7 +16,9 @@ Guarantees:
   in flight; one held by no consumer (not yet dispatched, or redelivery pending) is ignored.
 * A topic is served only while this broker owns it (lease + epoch in etcd). A new owner
   continues the topic's offsets after every offset the previous owner may have assigned, and
-  stamps no ingest time below the topic's stored clock (``metadata.clock``).
+  stamps no ingest time below the topic's stored clock (``metadata.clock``). With an object
+  store, a new owner serves nothing of a topic whose previous owner may hold unuploaded
+  acknowledged entries until that tail is recovered or declared lost (``broker.takeover``).
 * Consumer streams outlive a lost ownership (an etcd outage longer than the lease): a
   ``ReceiveMessages`` stream stays open, sending nothing, while the topic is not served here,
   and health checks answer OK meanwhile (a CLOSE would make danube-client re-subscribe, which
@@ -51,6 +53,7 @@ from danube_ingest.broker.errors import (
 )
 from danube_ingest.broker.names import parse_topic, partition_base
 from danube_ingest.broker.start import LATEST, StartPosition
+from danube_ingest.broker.takeover import TakeoverGate
 from danube_ingest.broker.validation import check_message, check_name
 from danube_ingest.config import LimitsConfig
 from danube_ingest.dispatch import (
@@ -66,6 +69,7 @@ from danube_ingest.dispatch import (
 from danube_ingest.errors import DanubeIngestError, OffsetOutOfRangeError
 from danube_ingest.metadata.clock import read_clock
 from danube_ingest.metadata.errors import LeaseExpiredError, MetadataError, TopicDeletedError
+from danube_ingest.metadata.handover import LOST
 from danube_ingest.metadata.jumps import record_jump
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest
@@ -116,6 +120,10 @@ UNLOAD_HOLD_SECONDS = 30.0
 #: An unload waits this long for the uploader to commit the topic's WAL tail; if it cannot,
 #: the unload is given up and the topic stays here (handing it over would leave a gap).
 UNLOAD_UPLOAD_TIMEOUT = 60.0
+#: A clean shutdown waits at most this long for the uploader to commit the WAL tails of the
+#: topics served here (so their next owners need not wait for this broker's restart); well
+#: within the 30 s a supervisor typically allows between SIGTERM and SIGKILL.
+SHUTDOWN_UPLOAD_TIMEOUT = 10.0
 
 
 @dataclass
@@ -164,8 +172,12 @@ class TopicManager:
         policy: DispatchPolicy,
         consumer_idle_seconds: float = 30.0,
         manifest: Manifest | None = None,
+        hand_over_on_close: bool = False,
     ) -> None:
+        """``hand_over_on_close``: an uploader runs (``close`` then commits every topic's WAL
+        tail and hands its exact end over, see ``_hand_over_all``)."""
         self.broker_id = broker_id
+        self._hand_over_on_close = hand_over_on_close
         self._manifest = manifest
         self.broker_url = broker_url
         self._store = store
@@ -173,6 +185,7 @@ class TopicManager:
         self._keys = keys
         self._ownership = ownership
         self._reservations = reservations
+        self._takeover = TakeoverGate(ownership, reservations)
         self._progress = progress
         self._schemas = schemas
         self._limits = limits
@@ -294,18 +307,28 @@ class TopicManager:
                     topic, local.next_offset if local is not None else None
                 )
                 floor = 0
+                resolved = None
                 if self._manifest is not None:
+                    manifest_end = await self._manifest.end_offset(topic)
+                    # Raises (UNAVAILABLE) while the previous owner's tail is awaited.
+                    resolved = await self._takeover.check(topic, manifest_end)
+                    if resolved is not None and resolved.end is not None:
+                        start = resolved.end
                     # What earlier owners uploaded: never reassign those offsets (defence in
                     # depth; the reservation already lies beyond them).
-                    known = max(known, await self._manifest.end_offset(topic))
+                    known = max(known, manifest_end)
                     start = max(start, known)
                     # Never stamp a time below what the topic's clock (maybe an earlier
                     # owner's, with a clock ahead of ours) says of every later entry.
                     clock = await read_clock(self._ownership.kv, self._keys, topic)
                     floor = 0 if clock is None else clock.ingest_ms
-                # Offsets skipped past what is known to exist: recorded before any is assigned.
-                await record_jump(self._ownership, topic, known, start)
+                if resolved is None or resolved.state != LOST:
+                    # Offsets skipped past what is known to exist: recorded before any is
+                    # assigned (a range declared lost was recorded with its resolution).
+                    await record_jump(self._ownership, topic, known, start)
                 await self._store.ensure_topic(topic, min_next_offset=start, min_ingest_ms=floor)
+                if resolved is not None:
+                    await self._reservations.adopt(topic, start)
             else:
                 runtime.fanout = NonReliableTopic(topic)
             self._topics[topic] = runtime
@@ -1149,7 +1172,8 @@ class TopicManager:
     # -- shutdown --------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Stop every subscription, flush cursors, give topics up. Idempotent."""
+        """Stop every subscription, flush cursors, (``hand_over_on_close``) commit the WAL
+        tails and hand their exact ends over, give topics up. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -1165,9 +1189,51 @@ class TopicManager:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         await self._progress.flush()
+        if self._hand_over_on_close:
+            await self._hand_over_all()
         for topic in list(self._topics):
             await self._ownership.release(topic)
         self._topics.clear()
+
+    async def _hand_over_all(self) -> None:
+        """Shutdown: commit every reliable topic's WAL tail and set its reservation to the exact
+        end, so that the next owner continues at once, with no gap and no wait
+        (``broker.takeover``). A topic whose tail is not committed within
+        SHUTDOWN_UPLOAD_TIMEOUT is released as it is: its next owner waits for this broker's
+        restart (or ``brokers forget``)."""
+        ends: dict[str, int] = {}
+        sealed: set[str] = set()
+        for name, runtime in self._topics.items():
+            info = self._store.info(name) if runtime.reliable else None
+            if info is None or not self._ownership.is_owner(name):
+                continue
+            if info.region not in sealed:  # one seal per region takes all of its topics
+                sealed.add(info.region)
+                ends[name] = self._store.seal(name)
+            else:
+                ends[name] = self._store.next_offset(name)
+        deadline = time.monotonic() + SHUTDOWN_UPLOAD_TIMEOUT
+        while ends:
+            for name, end in list(ends.items()):
+                if not self._store.uploaded_below(name, end):
+                    continue
+                del ends[name]
+                try:
+                    await self._reservations.hand_over(name, end)
+                except DanubeIngestError as exc:
+                    log.warning(
+                        "shutdown hand-over failed topic=%s end=%d error=%s", name, end, exc
+                    )
+            if not ends or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(_RECOVER_POLL_SECONDS)
+        if ends:
+            log.warning(
+                "shutdown: WAL tails not committed within %.0f s topics=%s (their next owners "
+                "wait for this broker's restart)",
+                SHUTDOWN_UPLOAD_TIMEOUT,
+                ",".join(sorted(ends)),
+            )
 
 
 _TYPE_NAMES = {

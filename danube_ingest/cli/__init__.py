@@ -12,11 +12,21 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from danube_ingest.cli import admin, bench, broker, client, objects, retention, tables, wal
+from danube_ingest.cli import (
+    admin,
+    bench,
+    broker,
+    brokers,
+    client,
+    objects,
+    retention,
+    tables,
+    wal,
+)
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.observability.logs import formatter
 
-_GROUPS = (broker, client, bench, admin, wal, objects, retention, tables)
+_GROUPS = (broker, client, bench, admin, brokers, wal, objects, retention, tables)
 #: Long-running commands: their log lines are their output, so they log INFO by default.
 _SERVERS = frozenset({"broker", "dev", "etcd"})
 

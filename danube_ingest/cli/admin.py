@@ -23,6 +23,7 @@ from danube_ingest.cli.etcd_args import add_etcd_security, etcd_security
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.handover import LOST, PENDING, Handover, list_handovers
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.ownership import Owner
@@ -242,9 +243,26 @@ async def _status(args: argparse.Namespace) -> int:
         print(f"clients: {producers} producers, {len(clients) - producers} consumers registered")
         print("subscription lag (messages between the topic's end and the cursor):")
         _table(("topic", "subscription", "lag", "broker"), lags, indent="  ")
+        _takeovers(await list_handovers(kv, keys))
     finally:
         await kv.close()
     return 0
+
+
+def _takeovers(found: Sequence[tuple[Handover, Any]]) -> None:
+    """Pending takeovers (topics not served until a broker is back or forgotten) and offsets
+    declared lost (``brokers forget``)."""
+    pending = [r for r, _ in found if r.state == PENDING]
+    lost = [r for r, _ in found if r.state == LOST]
+    print(
+        f"takeovers: {len(pending)} pending, {len(lost)} declared lost "
+        f"({sum(r.lost_offsets for r in lost)} offsets lost)"
+    )
+    rows = [
+        (r.topic, r.state, r.previous, f"{r.committed}..{r.reserved - 1}") for r in pending + lost
+    ]
+    if rows:
+        _table(("topic", "state", "broker", "offsets"), rows, indent="  ")
 
 
 Figures = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -25,6 +25,11 @@ Below the prefix (default ``/danube``); ``{ns}/{topic}`` comes from a topic name
                                                    an owner skipped offsets [from, to)
     storage/retired/{object key}                   {object_key, retired_ms}: an object a
                                                    manifest change stopped naming
+    handovers/{ns}/{topic}                         Handover: a new owner waits for the
+                                                   previous owner's tail (metadata.handover)
+    forgotten/{id}                                 {at_ms}: broker declared lost (brokers forget)
+                                                   until it starts again
+    cluster/id                                     the cluster id (str; objects.cluster)
     policies/{ns}                                  RetentionPolicy of a namespace
     policies/{ns}/{topic}                          RetentionPolicy of a topic (over its ns's)
     compaction/samples                             [[ms, revision], ...]: etcd revisions seen
@@ -211,6 +216,22 @@ class Keys:
         if start_offset < 0:
             raise InvalidNameError(f"invalid jump offset {start_offset} for {topic}")
         return f"{self.storage_jumps_prefix(topic)}{start_offset:020d}"
+
+    def handovers_prefix(self) -> str:
+        """Prefix of every topic's takeover record (``metadata.handover``)."""
+        return f"{self.prefix}/handovers/"
+
+    def handover(self, topic: str) -> str:
+        """The topic's takeover record: which broker's unuploaded tail a new owner waits for."""
+        return f"{self.handovers_prefix()}{self._topic_path(topic)}"
+
+    def forgotten_broker(self, broker_id: str) -> str:
+        """Set by ``brokers forget``: takeovers from this broker skip its tail at once."""
+        return f"{self.prefix}/forgotten/{check_segment(broker_id, 'broker id')}"
+
+    def cluster_id(self) -> str:
+        """The cluster id (``metadata.cluster``), written once by the first broker."""
+        return f"{self.prefix}/cluster/id"
 
     def storage_retired_prefix(self) -> str:
         """Prefix of the retirement records (objects a manifest change stopped naming)."""

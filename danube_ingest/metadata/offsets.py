@@ -4,8 +4,10 @@
 may have been assigned by some owner, and ``id`` made the last reservation. Before assigning an
 offset at or past ``N``, the owner raises ``N`` by a block in a fenced transaction; a new owner
 starts at the stored ``N``. A takeover may therefore leave a gap of up to a block, never a
-duplicate. A broker that re-acquires a topic whose last reservation is its own (a restart, with
-nobody assigning offsets in between) continues from its own WAL instead: no gap.
+duplicate, unless the new owner waits for the previous owner's exact end
+(``metadata.handover``) and continues there (``adopt``). A broker that re-acquires a topic
+whose last reservation is its own (a restart, with nobody assigning offsets in between)
+continues from its own WAL instead: no gap.
 """
 
 from __future__ import annotations
@@ -64,6 +66,29 @@ class OffsetReservation:
         if local_next is not None and entry.broker == self._ownership.session.broker_id:
             return local_next
         return entry.reserved
+
+    def previous(self, topic: str) -> tuple[int, str | None]:
+        """(reserved end, broker that reserved it) as ``start_offset`` read it (no I/O);
+        ``(0, None)`` before ``start_offset`` or without a stored reservation."""
+        entry = self._cache.get(topic)
+        return (0, None) if entry is None else (entry.reserved, entry.broker)
+
+    async def adopt(self, topic: str, next_offset: int) -> None:
+        """Make the stored reservation this broker's, at least ``next_offset``, after a
+        takeover was resolved (``metadata.handover``): a later acquisition by this broker then
+        continues from its own WAL, and nobody waits for the previous broker again. Raises
+        ``FencedError`` if this broker does not own the topic."""
+        async with self._locks.setdefault(topic, asyncio.Lock()):
+            epoch = self._owner(topic).epoch
+            entry = self._cache.get(topic)
+            if entry is None or entry.epoch != epoch:
+                entry = await self._read(topic, epoch)
+            broker = self._ownership.session.broker_id
+            reserved = max(entry.reserved, next_offset)
+            key = self._ownership.keys.topic_offsets(topic)
+            value = json.dumps({"reserved": reserved, "broker": broker}).encode()
+            result = await self._ownership.fenced(topic, [Put(key, value), Get(key)])
+            self._cache[topic] = _Reserved(epoch, reserved, result.kv(1), broker)
 
     def covered(self, topic: str, next_offset: int) -> bool:
         """Whether every offset below ``next_offset`` is reserved by this owner (no I/O)."""

@@ -31,7 +31,9 @@ nobody wrote later offsets of the topic, nor moved its ingest clock past the ran
 otherwise committing it would put an older epoch after a newer one (readers past that point
 would never see it) or add offsets to hours already declared complete, so it stays orphaned
 for an operator. The offsets are never reused either way (the new owner continued from its
-reservation).
+reservation). Except: when the new owner waits for exactly this tail (a pending takeover record,
+``metadata.handover``), the ranges are given to the orphan committer
+(``objects.handover.TailHandover``), which commits them under that record.
 
 Bandwidth (``uploader.max_bytes_per_second``): every byte the uploader writes to the object
 store (first PUTs, replacements of damaged objects, refreshes before a delayed commit) is
@@ -57,7 +59,7 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -285,6 +287,7 @@ class SegmentUploader:
         self._idle: dict[str, asyncio.Event] = {}
         self._listeners: list[Callable[[str, int], None]] = []
         self.stats = UploaderStats()
+        self._orphan_committer: Callable[[Sequence[ObjectRange]], Awaitable[set[str]]] | None = None
         self._started = False
         #: Segments left from before this start: their topics may have changed hands since.
         self._recovered: set[tuple[str, int]] = set()
@@ -332,6 +335,19 @@ class SegmentUploader:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+
+    def set_orphan_committer(
+        self, committer: Callable[[Sequence[ObjectRange]], Awaitable[set[str]]]
+    ) -> None:
+        """Give ranges of topics owned elsewhere to ``committer`` (which returns the topics it
+        committed) before they are reported orphaned."""
+        self._orphan_committer = committer
+
+    def retry_orphans(self, topic: str) -> None:
+        """Queue again every segment with an orphaned range of ``topic``."""
+        for (region, seq), topics in sorted(self.stats.orphans.items()):
+            if topic in topics and region in self._queues:
+                self._enqueue(region, seq)
 
     def pending(self) -> int:
         """Segments sealed but not uploaded yet (all regions)."""
@@ -554,6 +570,14 @@ class SegmentUploader:
         self.stats.ranges += len(result.committed)
         self.stats.already += len(result.already)
         self._stored_at.pop(obj.key, None)  # stored again (and stat'ed) if it comes back
+        if result.fenced and self._orphan_committer is not None:
+            # A new owner may be waiting for exactly these ranges (``objects.handover``).
+            handed = await self._orphan_committer([r for r in ranges if r.topic in result.fenced])
+            result = CommitResult(
+                result.committed,
+                result.already,
+                [t for t in result.fenced if t not in handed],
+            )
         if result.fenced:
             self.stats.orphans[(region.region, seq)] = sorted(result.fenced)
             log.error(

@@ -114,3 +114,16 @@ RPC_SECONDS = Histogram(
     buckets=_LATENCY,
     registry=REGISTRY,
 )
+TAKEOVER_WAIT_SECONDS = Histogram(
+    "danube_ingest_takeover_wait_seconds",
+    "How long a new owner served nothing of a topic while it waited for the previous owner's "
+    "unuploaded tail (from the first wait to serving again, per resolved takeover).",
+    buckets=_LATENCY,
+    registry=REGISTRY,
+)
+TAKEOVER_LOST_OFFSETS = Counter(
+    "danube_ingest_takeover_lost_offsets",
+    "Offsets a new owner skipped because an operator declared the previous owner lost "
+    "('danube-ingest brokers forget'): an upper bound of the acknowledged entries lost.",
+    registry=REGISTRY,
+)

@@ -16,9 +16,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from itertools import pairwise
 from pathlib import Path
 
+import grpc
 import pytest
 
 from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.handover import (
+    PENDING,
+    RECOVERED,
+    Handover,
+    forget_broker,
+    read_handover,
+)
 from danube_ingest.metadata.jumps import OffsetJump, read_jumps
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
@@ -32,6 +40,7 @@ from .test_cluster import (
     TOPIC,
     _client,
     _consumer,
+    _lookup,
     _owner,
     _producer,
     _reserved,
@@ -44,8 +53,6 @@ from .test_cluster import (
 #: after ``segment_seconds`` (1 s, or 5 s for the paused owner) plus an age check; the rest is
 #: slack for a loaded 2-core CI machine.
 UPLOAD_TIMEOUT = 30.0
-#: What the paused owner logs (once, at ERROR) for ranges of a topic it no longer owns.
-ORPHANED = "segment ranges orphaned"
 #: What it may log (at ERROR, then retry) if its segment seals before its session is
 #: registered again: without a live session it does not even look up the topic's owner.
 NO_SESSION = "has no live session"
@@ -115,6 +122,50 @@ async def _wait_manifest(
         await asyncio.sleep(0.1)
 
 
+async def _wait_takeover(kv: EtcdKV, keys: Keys, url: str) -> Handover:
+    """Look the topic up on ``url`` (the survivor) until it waits for the old owner's tail:
+    it answers UNAVAILABLE and the pending takeover record is written."""
+    deadline = time.monotonic() + LEASE_TTL + UPLOAD_TIMEOUT
+    while True:
+        try:
+            await _lookup(url)
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+        found = await read_handover(kv, keys, TOPIC)
+        if found is not None and found[0].state == PENDING:
+            with pytest.raises(grpc.aio.AioRpcError, match="waits for broker") as refused:
+                await _lookup(url)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            return found[0]
+        assert time.monotonic() < deadline, "the survivor never took the topic over"
+        await asyncio.sleep(0.1)
+
+
+async def _wait_served(url: str) -> float:
+    """Look the topic up on ``url`` until it is served there (UNAVAILABLE meanwhile); returns
+    the seconds waited."""
+    started = time.monotonic()
+    while True:
+        try:
+            response = await _lookup(url)
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+        else:
+            assert response.connect_url == url
+            return time.monotonic() - started
+        assert time.monotonic() - started < UPLOAD_TIMEOUT, f"{url} never served the topic"
+        await asyncio.sleep(0.1)
+
+
+async def _forget(kv: EtcdKV, keys: Keys, broker_id: str) -> None:
+    """``brokers forget`` once the dead broker's registration expired."""
+    deadline = time.monotonic() + LEASE_TTL + UPLOAD_TIMEOUT
+    while await kv.get(keys.broker(broker_id)) is not None:
+        assert time.monotonic() < deadline, f"{broker_id} stays registered"
+        await asyncio.sleep(0.1)
+    assert len(await forget_broker(kv, keys, broker_id)) == 1
+
+
 def _assert_one_line(ranges: list[ObjectRange]) -> None:
     """One history: ranges in offset order, disjoint, each broker under one epoch, and the
     epochs never decreasing as offsets grow."""
@@ -172,6 +223,14 @@ async def test_takeover_continues_a_subscription_from_the_old_owners_objects(
     a.kill(signal.SIGKILL)
     for old in (producer_a, consumer_a):
         await old.close()
+    # B serves nothing until A's tail is back or A is declared lost: A never comes back.
+    record = await _wait_takeover(kv, keys, b.url)
+    assert (record.previous, record.committed, record.reserved) == (
+        "broker-a",
+        offsets_a[-1] + 1,
+        reserved_a,
+    )
+    await _forget(kv, keys, "broker-a")
     response, took, _ = await _wait_connect(b.url)
     assert (response.connect_url, response.broker_url) == (b.url, b.url)
     assert await _owner(kv, keys) == {"broker": "broker-b", "url": b.url, "epoch": 2}
@@ -211,13 +270,15 @@ async def test_takeover_continues_a_subscription_from_the_old_owners_objects(
     for entry in ranges_a:
         assert entry.object_key.startswith("segments/broker-a/"), entry
         assert (objects_root / entry.object_key).is_file(), entry
-    # B recorded the offsets it jumped over, from the manifest's end: the check passes.
+    # Forgetting A recorded the offsets B jumped over, from the manifest's end: the check
+    # passes.
     [jump] = await _assert_integrity(kv, keys, objects_root)
-    assert (jump.start, jump.end, jump.broker, jump.epoch) == (
+    assert (jump.start, jump.end, jump.broker, jump.epoch, jump.reason) == (
         ranges_a[-1].end_offset,
         reserved_a,
-        "broker-b",
+        "broker-a",
         2,
+        "lost",
     )
     assert jump.end <= ranges_b[0].start_offset
     await producer.close()
@@ -227,7 +288,7 @@ async def test_takeover_continues_a_subscription_from_the_old_owners_objects(
 
 
 @pytest.mark.slow
-async def test_paused_owner_is_fenced_from_the_manifest(
+async def test_paused_owner_hands_its_tail_over_when_it_wakes(
     start_broker: StartBroker, kv: EtcdKV, keys: Keys, objects_root: Path
 ) -> None:
     # A seals every 5 s: time enough to publish and be paused before a seal; B every second.
@@ -251,57 +312,44 @@ async def test_paused_owner_is_fenced_from_the_manifest(
     try:
         assert await manifest.ranges(TOPIC) == committed_a, "A uploaded before its pause"
         reserved_a = await _reserved(kv, keys)
-        response, took, _ = await _wait_connect(b.url)
-        assert took >= 0.5  # B had to wait for A's lease
-        assert response.connect_url == b.url
+        # B takes the topic once A's lease ran out, but serves nothing while A holds
+        # acknowledged entries it did not upload (UNAVAILABLE to every client).
+        record = await _wait_takeover(kv, keys, b.url)
         owner_b = {"broker": "broker-b", "url": b.url, "epoch": 2}  # A's + 1
         assert await _owner(kv, keys) == owner_b
-        owner_key = await kv.get(keys.topic_owner(TOPIC))
-        assert owner_key is not None
-        taken_over = owner_key.mod_revision
-
-        via_b = await _client(b.url)
-        producer = await _producer(via_b, "p1")
-        for i in range(3):
-            await producer.send(f"b{i}".encode())
-        await _wait_manifest(
-            manifest, lambda r: sum(e.entries for e in _of(r, "broker-b")) == 3, "held B's"
-        )
+        assert (record.previous, record.owner, record.epoch) == ("broker-a", "broker-b", 2)
+        assert (record.committed, record.reserved) == (3, reserved_a)
+        assert await manifest.ranges(TOPIC) == committed_a
     finally:
         a.kill(signal.SIGCONT)
 
-    # A seals its segment at once (it is older than 5 s), uploads it, and its commit is refused.
-    deadline = time.monotonic() + UPLOAD_TIMEOUT
-    while ORPHANED not in a.log_text():
-        assert time.monotonic() < deadline, f"A never tried to commit:\n{a.log_text()[-3000:]}"
-        await asyncio.sleep(0.1)
-    orphaned = [line for line in _error_lines(a) if ORPHANED in line]
-    others = [line for line in _error_lines(a) if ORPHANED not in line]
-    assert all("upload step failed" in e and NO_SESSION in e for e in others), others
-    assert len(orphaned) == 1 and f"topics={TOPIC}" in orphaned[0], orphaned
-    assert "segments/broker-a/" in orphaned[0], orphaned
-    assert await _owner(kv, keys) == owner_b
-
-    # A's entries are the ones it committed before the takeover, untouched; B's follow, under
-    # B's epoch, beyond A's reserved block (A's orphaned offsets lie below it).
-    stored = await kv.get_prefix(keys.storage_objects_prefix(TOPIC))
-    written_by_a = [s for s in stored if ObjectRange.decode(s.value, s.key).broker == "broker-a"]
-    assert written_by_a and all(s.mod_revision < taken_over for s in written_by_a)
-    ranges = await manifest.ranges(TOPIC)
-    _assert_one_line(ranges)
-    ranges_b = _of(ranges, "broker-b")
-    assert ranges == committed_a + ranges_b, ranges
-    assert {r.epoch for r in ranges_b} == {owner_b["epoch"]}
-    assert ranges_b[0].start_offset >= reserved_a > committed_a[-1].end_offset
-    # B's recorded jump starts at the manifest's end when it took over: it covers A's
-    # orphaned offsets (acknowledged, in A's WAL only) as "maybe assigned by an earlier owner".
-    [jump] = await _assert_integrity(kv, keys, objects_root)
-    assert (jump.start, jump.end, jump.broker) == (
-        committed_a[-1].end_offset,
-        reserved_a,
-        "broker-b",
+    # A, awake, seals its segment, uploads it and commits its range under B's record, which it
+    # resolves at its exact end; B serves from there.
+    took = await _wait_served(b.url)
+    found = await read_handover(kv, keys, TOPIC)
+    assert found is not None and (found[0].state, found[0].end) == (RECOVERED, 6)
+    via_b = await _client(b.url)
+    producer = await _producer(via_b, "p1")
+    for i in range(3):
+        await producer.send(f"b{i}".encode())
+    ranges = await _wait_manifest(
+        manifest, lambda r: sum(e.entries for e in _of(r, "broker-b")) == 3, "held B's"
     )
+    # One line of offsets 0..8: A's first ranges (epoch 1), A's tail committed under B's
+    # record (epoch 2), then B's (epoch 2), no gap, no recorded jump.
+    tail_a = [r for r in _of(ranges, "broker-a") if r not in committed_a]
+    ranges_b = _of(ranges, "broker-b")
+    assert ranges == committed_a + tail_a + ranges_b, ranges
+    assert [(r.start_offset, r.end_offset) for r in tail_a] == [(3, 6)]
+    assert {r.epoch for r in tail_a + ranges_b} == {2}
+    assert ranges_b[0].start_offset == 6 and ranges_b[-1].end_offset == 9
+    for before, after in pairwise(ranges):
+        assert before.end_offset == after.start_offset and before.epoch <= after.epoch
+    assert await _assert_integrity(kv, keys, objects_root) == []
+    assert "orphaned tail committed for the new owner" in a.log_text()
+    errors = _error_lines(a)
+    assert all("upload step failed" in e and NO_SESSION in e for e in errors), errors
     await producer.close()
     await producer_a.close()
     assert _error_lines(b) == []
-    print(f"B took over {took:.1f}s after SIGSTOP; A's commit refused: {orphaned[0]}")
+    print(f"B served {took:.1f}s after A woke, from A's exact end 6 (A's tail was not lost)")

@@ -1,0 +1,163 @@
+"""The previous owner's side of a takeover: hand the new owner its unuploaded tail.
+
+A broker that lost a topic (it crashed and restarted, or was paused past its lease) may hold
+acknowledged entries of it in its local WAL that it never uploaded; the topic's new owner waits
+for them (``metadata.handover``, ``broker.takeover``). ``TailHandover`` runs in every broker
+with an uploader. For each pending takeover record that names this broker as the previous
+owner, it
+
+1. seals the topic's active WAL segment (once per tail) and queues the segments whose ranges
+   of the topic were orphaned, so the uploader stores them again;
+2. commits those ranges into the manifest under the record (``commit_tail``: the uploader
+   calls ``commit_orphans`` for every range it could not commit because the topic is owned
+   elsewhere), comparing the record's exact value;
+3. once every entry of the topic in the WAL is committed, resolves the record as recovered
+   at the manifest's end (``resolve_recovered``), where the new owner continues.
+
+It looks at start (a restart), when this broker loses a topic, and every ``interval`` seconds
+(a record written while this broker was away or paused). A record declared lost
+(``brokers forget``) is left alone: the ranges stay in the local WAL, never committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from danube_ingest.errors import DanubeIngestError
+from danube_ingest.metadata.handover import (
+    PENDING,
+    clear_forgotten,
+    commit_tail,
+    list_handovers,
+    read_handover,
+    resolve_recovered,
+)
+from danube_ingest.metadata.manifest import Manifest, ObjectRange
+from danube_ingest.metadata.ownership import Ownership
+from danube_ingest.objects.uploader import SegmentUploader
+from danube_ingest.store.topic_store import TopicStore
+
+log = logging.getLogger(__name__)
+
+#: Seconds between looks for takeover records naming this broker: a new owner waits (its
+#: clients get UNAVAILABLE) for up to this long after this broker is back before it is noticed.
+HANDOVER_CHECK_SECONDS = 1.0
+
+
+class TailHandover:
+    """Recovers this broker's orphaned tails for their topics' new owners (see the module
+    docstring). Use from the store's event loop."""
+
+    def __init__(
+        self,
+        store: TopicStore,
+        uploader: SegmentUploader,
+        manifest: Manifest,
+        ownership: Ownership,
+        *,
+        interval: float = HANDOVER_CHECK_SECONDS,
+    ) -> None:
+        self._store = store
+        self._uploader = uploader
+        self._manifest = manifest
+        self._ownership = ownership
+        self._broker_id = ownership.session.broker_id
+        self._interval = interval
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        #: topic -> the next offset its WAL tail was sealed at (sealed once per tail)
+        self._sealed: dict[str, int] = {}
+        uploader.set_orphan_committer(self.commit_orphans)
+        ownership.on_lost(lambda _topic: self._wakeup.set())
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="tail-handover")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def commit_orphans(self, ranges: Sequence[ObjectRange]) -> set[str]:
+        """Commit ranges of topics owned elsewhere under their pending takeover records;
+        returns the topics whose ranges are now all in the manifest."""
+        by_topic: dict[str, list[ObjectRange]] = {}
+        for rng in ranges:
+            by_topic.setdefault(rng.topic, []).append(rng)
+        done: set[str] = set()
+        for topic, entries in by_topic.items():
+            found = await read_handover(self._manifest.kv, self._manifest.keys, topic)
+            if found is None:
+                continue
+            if await commit_tail(self._manifest, found[1], entries, self._broker_id):
+                done.add(topic)
+        return done
+
+    async def run_once(self) -> list[str]:
+        """One look at the takeover records; returns the topics resolved now."""
+        resolved: list[str] = []
+        kv, keys = self._manifest.kv, self._manifest.keys
+        for record, stored in await list_handovers(kv, keys):
+            topic = record.topic
+            if record.state != PENDING or record.previous != self._broker_id:
+                continue
+            if self._ownership.is_owner(topic):
+                continue  # this broker holds it again: its own reservation, nothing to hand
+            info = self._store.info(topic)
+            local_end = 0 if info is None else info.next_offset
+            if local_end > record.committed and not self._store.uploaded_below(topic, local_end):
+                # Older segments first: the uploader commits in queue order, and a range that
+                # does not continue the manifest waits for the next round.
+                self._uploader.retry_orphans(topic)
+                if self._sealed.get(topic) != local_end:
+                    self._sealed[topic] = self._store.seal(topic)
+                    log.info(
+                        "handing the unuploaded tail to the new owner topic=%s from=%d to=%d "
+                        "owner=%s",
+                        topic,
+                        record.committed,
+                        local_end,
+                        record.owner,
+                    )
+                continue
+            end = await self._manifest.end_offset(topic)
+            if end < local_end:
+                log.error(
+                    "tail not handed over: the manifest ends at %d below this WAL's %d "
+                    "topic=%s (left in the local WAL)",
+                    end,
+                    local_end,
+                    topic,
+                )
+                continue
+            if await resolve_recovered(self._manifest, stored) is not None:
+                self._sealed.pop(topic, None)
+                resolved.append(topic)
+        return resolved
+
+    async def _run(self) -> None:
+        started = False
+        while True:
+            if not started:
+                try:
+                    # Back: takeovers from this broker wait for its tails again.
+                    await clear_forgotten(self._manifest.kv, self._manifest.keys, self._broker_id)
+                    started = True
+                except DanubeIngestError as exc:
+                    log.warning("forgotten mark not cleared (will retry) error=%s", exc)
+            try:
+                await self.run_once()
+            except DanubeIngestError as exc:
+                log.warning("takeover records not checked (will retry) error=%s", exc)
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), self._interval)
+
+
+__all__ = ["HANDOVER_CHECK_SECONDS", "TailHandover"]

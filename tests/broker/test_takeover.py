@@ -1,0 +1,293 @@
+"""Lossless takeover: two ``wal_cloud`` brokers on one etcd and one fs store, the owner
+SIGKILLed with acknowledged messages only in its local WAL.
+
+The survivor serves nothing of the topic (UNAVAILABLE) until the old owner is back and hands
+its tail over (every acknowledged message delivered once through the survivor, offsets without
+a gap), or until an operator runs ``brokers forget`` (the survivor continues after a recorded
+jump, shown by ``status``). A broker on another object store than the cluster's does not start.
+
+The acked/delivered checks are plain set and range checks (``_check_history``), kept in one
+place so a fuller history checker can replace them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from danube_ingest.cli.admin import scrape
+from danube_ingest.client import Producer as BatchProducer
+from danube_ingest.metadata.etcd import EtcdKV
+from danube_ingest.metadata.handover import LOST, PENDING, RECOVERED, Handover, read_handover
+from danube_ingest.metadata.jumps import read_jumps
+from danube_ingest.metadata.keys import Keys
+from danube_ingest.metadata.manifest import Manifest
+from danube_ingest.testing import BrokerProcess
+
+from .support import stop_all
+from .test_cluster import LEASE_TTL, TOPIC, _client, _consumer, _producer, _reserved
+
+#: Seconds the old owner stays down before it is restarted (the survivor waits meanwhile).
+RESTART_AFTER = 2.0
+#: Seconds danube-client publishes one message at a time before the kill: with segments sealed
+#: every 2 s, the last ~2 s of acknowledged messages are in the owner's local WAL only.
+PUBLISH_SECONDS = 2.5
+#: Bound of every wait below (a loaded 2-core machine is slow to start brokers).
+WAIT = LEASE_TTL + 40.0
+
+StartBroker = Callable[..., Awaitable[BrokerProcess]]
+
+
+@pytest.fixture
+def objects_root(tmp_path: Path) -> Path:
+    return tmp_path / "objects"
+
+
+@pytest.fixture
+async def start_broker(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str, objects_root: Path
+) -> AsyncIterator[StartBroker]:
+    """``await start_broker("broker-a")``: a ``wal_cloud`` broker process on the shared fs
+    object root (or ``root``), sealing segments every 2 s."""
+    started: list[BrokerProcess] = []
+
+    async def start(broker_id: str, root: Path | None = None) -> BrokerProcess:
+        broker = BrokerProcess(
+            tmp_path / broker_id,
+            etcd_server,
+            broker_id=broker_id,
+            prefix=etcd_prefix,
+            lease_ttl=LEASE_TTL,
+            storage={
+                "mode": "wal_cloud",
+                "cloud": {"backend": "fs", "root": str(root or objects_root)},
+                "wal": {"segment_seconds": 2, "retention": {"check_seconds": 0.2}},
+            },
+        )
+        started.append(broker)
+        await asyncio.to_thread(broker.start)
+        return broker
+
+    yield start
+    await stop_all(started)
+
+
+def _cli(etcd: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "danube_ingest.cli", *args, "--etcd", etcd, "--prefix", prefix],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def _publish_to_owner(url: str) -> tuple[set[bytes], int]:
+    """Publish through both clients to the owner at ``url``: a batch (our client), then
+    danube-client one message at a time for PUBLISH_SECONDS. Returns (acknowledged payloads,
+    how many danube-client sends were acknowledged)."""
+    acked: set[bytes] = set()
+    async with BatchProducer(url, TOPIC, producer_name="batch", linger_ms=1) as batch:
+        payloads = [f"batch-{i}".encode() for i in range(300)]
+        await asyncio.wait_for(await batch.send_many(payloads), WAIT)
+        acked.update(payloads)
+    client = await _client(url)
+    producer = await _producer(client, "p1")
+    deadline = time.monotonic() + PUBLISH_SECONDS
+    sent = 0
+    while time.monotonic() < deadline:
+        payload = f"dc-{sent}".encode()
+        await producer.send(payload)
+        acked.add(payload)
+        sent += 1
+    return acked, sent
+
+
+async def _subscribe_before(url: str) -> None:
+    """Create the topic and its subscription s1 at offset 0 (before anything is published)."""
+    client = await _client(url)
+    await _producer(client, "p1")  # creates the topic
+    consumer, _ = await _consumer(client)
+    await consumer.close()
+
+
+async def _wait_record(kv: EtcdKV, keys: Keys, state: str) -> Handover:
+    deadline = time.monotonic() + WAIT
+    while True:
+        found = await read_handover(kv, keys, TOPIC)
+        if found is not None and found[0].state == state:
+            return found[0]
+        assert time.monotonic() < deadline, f"no {state} takeover record: {found}"
+        await asyncio.sleep(0.1)
+
+
+async def _deliver_all(url: str, expected: set[bytes]) -> list[tuple[int, bytes]]:
+    """(offset, payload) of what subscription s1 receives through ``url`` until every
+    ``expected`` payload came (acked as received), then whatever follows within a second."""
+    client = await _client(url)
+    consumer, queue = await _consumer(client)
+    got: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + WAIT
+    try:
+        while not expected <= {p for _, p in got}:
+            assert time.monotonic() < deadline, f"missing {len(expected - {p for _, p in got})}"
+            try:
+                message = await asyncio.wait_for(queue.get(), 1.0)
+            except TimeoutError:
+                continue
+            got.append((message.msg_id.topic_offset, message.payload))
+            await consumer.ack(message)
+        while True:
+            try:
+                message = await asyncio.wait_for(queue.get(), 1.0)
+            except TimeoutError:
+                break
+            got.append((message.msg_id.topic_offset, message.payload))
+            await consumer.ack(message)
+    finally:
+        await consumer.close()
+    return got
+
+
+def _check_history(acked: set[bytes], delivered: list[tuple[int, bytes]]) -> tuple[int, int]:
+    """Every acknowledged payload delivered; offsets unique and contiguous from 0. Returns
+    (lost, duplicated) for the report (both asserted 0)."""
+    payloads = [p for _, p in delivered]
+    lost = len(acked - set(payloads))
+    duplicated = len(payloads) - len(set(payloads))
+    offsets = sorted(o for o, _ in delivered)
+    assert lost == 0, f"{lost} acknowledged messages never delivered"
+    assert duplicated == 0, f"{duplicated} messages delivered twice"
+    assert offsets == list(range(len(offsets))), "offsets not contiguous from 0"
+    return lost, duplicated
+
+
+@pytest.mark.slow
+async def test_a_restarted_owner_hands_its_tail_to_the_survivor(
+    start_broker: StartBroker, kv: EtcdKV, keys: Keys
+) -> None:
+    a = await start_broker("broker-a")
+    b = await start_broker("broker-b")
+    manifest = Manifest(kv, keys)
+    await _subscribe_before(a.url)
+    acked, sent = await _publish_to_owner(a.url)
+    reserved = await _reserved(kv, keys)
+
+    a.kill(signal.SIGKILL)
+    killed = time.monotonic()
+    # Our batch client publishes through the survivor: it retries UNAVAILABLE (A's lease,
+    # then the takeover wait) until B serves the topic.
+    after = [f"after-{i}".encode() for i in range(100)]
+    survivor = BatchProducer(b.url, TOPIC, producer_name="after", linger_ms=1)
+    await survivor.start()
+    try:
+        stored = asyncio.ensure_future(await survivor.send_many(after))
+        record = await _wait_record(kv, keys, PENDING)
+        assert (record.previous, record.owner, record.reserved) == (
+            "broker-a",
+            "broker-b",
+            reserved,
+        )
+        assert record.committed == await manifest.end_offset(TOPIC)
+        tail = len(acked) - record.committed  # acknowledged, in A's WAL only
+        await asyncio.sleep(RESTART_AFTER)
+        assert not stored.done(), "the survivor served before the old owner's tail was back"
+        await asyncio.to_thread(a.start)
+        ranges = await asyncio.wait_for(stored, WAIT)
+        serving = time.monotonic() - killed
+    finally:
+        await survivor.close()
+
+    done = await _wait_record(kv, keys, RECOVERED)
+    assert done.end is not None and len(acked) <= done.end <= len(acked) + 1  # + one in flight
+    assert [list(r) for r in ranges] == [list(range(done.end, done.end + len(after)))]
+    delivered = await _deliver_all(b.url, acked | set(after))
+    lost, duplicated = _check_history(acked | set(after), delivered)
+    assert await read_jumps(kv, keys, TOPIC) == []  # no gap to explain
+    assert "orphaned tail committed for the new owner" in a.log_text()
+    assert "Traceback" not in a.log_text() + b.log_text()
+    print(
+        f"restart after {RESTART_AFTER:.0f}s: survivor serving {serving:.1f}s after SIGKILL; "
+        f"acked {len(acked)} ({sent} via danube-client), {tail} only in the dead owner's WAL; "
+        f"lost {lost}, duplicated {duplicated}; survivor continued at {done.end}"
+    )
+
+
+@pytest.mark.slow
+async def test_a_forgotten_owner_is_skipped_with_a_recorded_jump(
+    start_broker: StartBroker, kv: EtcdKV, keys: Keys, etcd_server: str, etcd_prefix: str
+) -> None:
+    a = await start_broker("broker-a")
+    b = await start_broker("broker-b")
+    manifest = Manifest(kv, keys)
+    await _subscribe_before(a.url)
+    acked, _ = await _publish_to_owner(a.url)
+    reserved = await _reserved(kv, keys)
+
+    a.kill(signal.SIGKILL)
+    survivor = BatchProducer(b.url, TOPIC, producer_name="after", linger_ms=1)
+    await survivor.start()
+    try:
+        stored = asyncio.ensure_future(await survivor.send_many([b"after-0", b"after-1"]))
+        record = await _wait_record(kv, keys, PENDING)
+        assert record.committed == await manifest.end_offset(TOPIC)
+        listing = _cli(etcd_server, etcd_prefix, "brokers", "list")
+        assert listing.returncode == 0, listing.stderr
+        assert f"{TOPIC}  pending  broker-a" in listing.stdout, listing.stdout
+        # Refused while A is registered; accepted once its lease ran out.
+        deadline = time.monotonic() + WAIT
+        while await kv.get(keys.broker("broker-a")) is not None:
+            refused = _cli(etcd_server, etcd_prefix, "brokers", "forget", "broker-a")
+            assert refused.returncode == 2 and "is alive" in refused.stderr, refused
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.5)
+        forgot = _cli(etcd_server, etcd_prefix, "brokers", "forget", "broker-a")
+        assert forgot.returncode == 0, forgot.stderr
+        assert f"{TOPIC}: offsets {record.committed}..{reserved - 1}" in forgot.stdout
+        ranges = await asyncio.wait_for(stored, WAIT)
+    finally:
+        await survivor.close()
+
+    assert [list(r) for r in ranges] == [[reserved, reserved + 1]]
+    lost = await _wait_record(kv, keys, LOST)
+    assert lost.end == reserved
+    [jump] = await read_jumps(kv, keys, TOPIC)
+    assert (jump.start, jump.end, jump.broker, jump.reason) == (
+        record.committed,
+        reserved,
+        "broker-a",
+        "lost",
+    )
+    status = _cli(etcd_server, etcd_prefix, "status")
+    assert status.returncode == 0, status.stderr
+    assert f"1 declared lost ({reserved - record.committed} offsets lost)" in status.stdout
+    registered = await kv.get(keys.broker("broker-b"))
+    assert registered is not None
+    figures = scrape(f"{json.loads(registered.value)['metrics_url']}/metrics")
+    assert figures[("danube_ingest_takeover_lost_offsets_total", ())] == lost.lost_offsets
+    print(
+        f"forgotten: {len(acked)} acked, {len(acked) - record.committed} of them lost with "
+        f"broker-a; survivor continued at {reserved}"
+    )
+
+
+@pytest.mark.slow
+async def test_a_broker_on_another_object_store_refuses_to_start(
+    start_broker: StartBroker, tmp_path: Path, kv: EtcdKV, keys: Keys
+) -> None:
+    await start_broker("broker-a")
+    stored = await kv.get(keys.cluster_id())
+    assert stored is not None
+    cluster = stored.value.decode()
+    with pytest.raises(RuntimeError, match=f"not this cluster's.*cluster {cluster}") as info:
+        await start_broker("broker-c", root=tmp_path / "elsewhere")
+    assert "(none)" in str(info.value) and "storage.cloud" in str(info.value)
+    assert await kv.get(keys.broker("broker-c")) is None
