@@ -51,6 +51,7 @@ from danube_ingest.dispatch import (
     ConsumerHandle,
     Delivery,
     DispatchPolicy,
+    Frame,
     NonReliableTopic,
     ReliableSubscription,
     Subscription,
@@ -601,8 +602,11 @@ class TopicManager:
         sub_type: SubscriptionType,
         key_filters: list[str],
         start: StartPosition = LATEST,
+        frames: int = 0,
     ) -> int:
         """Attach a consumer; return its id (the same id for the same consumer name).
+        ``frames`` > 0: a batch consumer, given frames of up to that many entries (see
+        ``ReliableSubscription.attach``).
 
         ``start`` applies only if this call creates the subscription (it has no cursor yet);
         an existing subscription resumes after its cursor. See ``broker.start``.
@@ -654,7 +658,7 @@ class TopicManager:
                 f"subscription {subscription} has {attached} consumers "
                 f"(limits.max_consumers_per_subscription)"
             )
-        handle = sub.attach(client_id, consumer_name, list(key_filters))
+        handle = sub.attach(client_id, consumer_name, list(key_filters), frames=frames)
         if record != existing:
             await self._records.put_client(record)
         self._consumers[client_id] = record
@@ -811,7 +815,7 @@ class TopicManager:
     async def _consumer(self, consumer_id: int) -> ClientRecord:
         return await self._client(consumer_id, "consumer", self._consumers)
 
-    async def _attach(self, record: ClientRecord) -> ConsumerHandle:
+    async def _attach(self, record: ClientRecord, frames: int = 0) -> ConsumerHandle:
         """Attach a consumer to its subscription, waiting while its topic cannot be served
         here for now (the broker session or etcd is away). Raises ``NotOwnerError`` if another
         broker owns the topic, ``ConsumerClosedError`` once the broker shuts down, and errors
@@ -819,7 +823,7 @@ class TopicManager:
         delay = _RECOVER_POLL_SECONDS
         while True:
             try:
-                return await self._attach_once(record)
+                return await self._attach_once(record, frames)
             except DanubeIngestError as exc:
                 if self._ending or not _may_recover(exc):
                     raise
@@ -880,7 +884,7 @@ class TopicManager:
             return
         raise ConsumerClosedError(f"broker is shutting down: topic {topic} is not served")
 
-    async def _attach_once(self, record: ClientRecord) -> ConsumerHandle:
+    async def _attach_once(self, record: ClientRecord, frames: int) -> ConsumerHandle:
         runtime = await self._load(record.topic)
         assert record.subscription is not None  # consumer records always have one
         sub_record = await self._records.get_subscription(record.topic, record.subscription)
@@ -889,7 +893,7 @@ class TopicManager:
                 f"subscription {record.subscription} of {record.topic} no longer exists"
             )
         sub = await self._subscription(runtime, sub_record)
-        return sub.attach(record.client_id, record.name, list(record.key_filters))
+        return sub.attach(record.client_id, record.name, list(record.key_filters), frames=frames)
 
     async def receive(self, consumer_id: int) -> AsyncIterator[Any]:
         """The stream of StreamMessages for a consumer (see ``deliveries``)."""
@@ -897,13 +901,17 @@ class TopicManager:
         subscription = record.subscription or ""
         async for batch in self.deliveries(consumer_id, 1):
             for delivery in batch:
+                assert isinstance(delivery, Delivery)  # (no frames asked for)
                 yield message_from_entry(
                     delivery.entry, record.topic, subscription, self.broker_url
                 )
 
-    async def deliveries(self, consumer_id: int, max_batch: int) -> AsyncIterator[list[Delivery]]:
-        """A consumer's deliveries, at most ``max_batch`` at a time, in dispatch order; a new
-        stream takes over an old one.
+    async def deliveries(
+        self, consumer_id: int, max_batch: int, frames: bool = False
+    ) -> AsyncIterator[list[Delivery | Frame]]:
+        """A consumer's deliveries, at most ``max_batch`` messages at a time, in dispatch order
+        (``frames``: as frames of consecutive offsets where dispatch allows, see
+        ``ReliableSubscription.attach``); a new stream takes over an old one.
 
         The stream ends when the consumer is taken over or detached, or the broker shuts down.
         While the topic is not served here (its ownership was lost, e.g. etcd is away) it stays
@@ -915,7 +923,7 @@ class TopicManager:
         if handle is None or consumer_id in self._streaming or handle.closed:
             # Attaching the same consumer id replaces an open handle in its place (closing
             # it), so a Failover consumer that reconnects stays the active one.
-            handle = await self._attach(record)
+            handle = await self._attach(record, max_batch if frames else 0)
             self._handles[consumer_id] = handle
         self._streaming.add(consumer_id)
         topic = record.topic
@@ -932,7 +940,7 @@ class TopicManager:
                         return  # shutdown, taken over or detached, or its subscription ended
                     # The topic was given up (ownership lost): keep the stream open.
                     try:
-                        handle = await self._attach(record)
+                        handle = await self._attach(record, max_batch if frames else 0)
                     except ConsumerClosedError:
                         return
                     self._handles[consumer_id] = handle
@@ -963,7 +971,7 @@ class TopicManager:
         sub = self._subscription_of(record.topic, record.subscription)
         if sub is None:
             return 0
-        return sub.ack_many(handle.held(first, last))
+        return sub.ack_range(handle, first, last)
 
     def ack(self, topic: str, subscription: str, offset: int) -> None:
         """Acknowledge a delivered offset; unknown acks are ignored."""
