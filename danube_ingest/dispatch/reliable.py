@@ -443,6 +443,9 @@ class ReliableSubscription:
         if settled:
             handle.progress_at = now
             self.stats.acked += settled
+            run_deadlines = self._run_deadlines
+            while run_deadlines and not run_deadlines[0][2].live:
+                heapq.heappop(run_deadlines)  # (settled: keep the heap to what is held)
             self._advance_cursor()
             self._dispatch()
         return settled
@@ -781,8 +784,15 @@ class ReliableSubscription:
     def _settle_run(self, run: Run) -> None:
         if run.consumer is not None:
             self._undeliver_run(run)
+        self._retire(run)
+
+    def _retire(self, run: Run) -> None:
+        """``run`` is no longer tracked. Stale heap items may still name it until they reach
+        their heap's top: they must not keep its entries alive (up to an ack timeout's worth
+        of messages)."""
         run.live = False
         self._run_count -= len(run.entries)
+        run.entries = ()
 
     def _settle_part(self, run: Run, first: int, end: int) -> int:
         """Settle offsets ``[first, end)`` of ``run`` (what of them it holds); return how many.
@@ -833,12 +843,11 @@ class ReliableSubscription:
         """Turn ``run`` into per-message state, each entry in the state the run was in (READY:
         ready again; DELIVERED: in the same consumer's window and queue, same deadline)."""
         handle = run.consumer
-        queued = run.queued
+        queue_keys = list(handle._queue) if handle is not None and run.queued else None
         if handle is not None:
             self._undeliver_run(run)
-        run.live = False
-        self._run_count -= len(run.entries)
         messages = [_Message(entry, "") for entry in run.entries]
+        self._retire(run)
         unacked = self._unacked
         in_order = not unacked or next(reversed(unacked)) < run.base
         for message in messages:
@@ -862,9 +871,15 @@ class ReliableSubscription:
             handle._window.add(offset)
         if not in_order:
             _sort_in_place(deadlines, lambda item: item[1].due)
-        if queued:
-            for message in messages:
-                handle._push(Delivery(message.entry, message.attempt))
+        if queue_keys is not None:
+            # Its entries take the run's place in the consumer's queue (dispatch order).
+            queue = handle._queue
+            items = list(queue.items())
+            at = queue_keys.index(run)
+            items[at:at] = [(m.entry.offset, Delivery(m.entry, m.attempt)) for m in messages]
+            queue.clear()
+            queue.update(items)
+            handle._wake()
         if self._timer is None or self._timer_at > run.due:
             self._arm()
 
