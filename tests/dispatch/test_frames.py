@@ -223,3 +223,34 @@ async def test_a_nack_inside_a_frame_redelivers_that_entry_alone(harness: Harnes
     assert [(d.entry.offset, d.attempt) for d in got if isinstance(d, Delivery)] == [(2, 2)]
     assert subscription.ack_range(handle, 0, 4) == 5
     assert subscription.cursor == 5
+
+
+async def test_a_queued_frame_turned_per_message_keeps_its_place_in_the_queue(
+    harness: Harness,
+) -> None:
+    await harness.publish(6)
+    clock = ManualClock()
+    subscription = harness.subscribe("sub", EXCLUSIVE, clock=clock)
+    handle = subscription.attach(1, "a", frames=2)
+    await asyncio.sleep(0.05)
+    assert handle.queued == 3  # three frames, none taken yet
+    assert subscription.nack(2)  # inside the second frame: 3 stays, alone, in its place
+    items = await take_items(handle, 5)
+    assert offsets_of(items) == [0, 1, 3, 4, 5]
+    assert [type(i) for i in items] == [Frame, Delivery, Frame]
+
+
+async def test_settled_frames_keep_no_entries_alive(harness: Harness) -> None:
+    await harness.publish(300)
+    subscription = harness.subscribe("sub", EXCLUSIVE)
+    handle = subscription.attach(1, "a", frames=10)
+    got = 0
+    while got < 300:
+        for item in await asyncio.wait_for(handle.next_batch(10), 2.0):
+            assert isinstance(item, Frame)
+            got += len(item.entries)
+            subscription.ack_range(handle, 0, item.base_offset + len(item.entries) - 1)
+    assert subscription.cursor == 300
+    # (Internals: heap items of settled runs may remain until they reach their heap's top.)
+    held = [run for heap in (subscription._runs, subscription._run_deadlines) for *_, run in heap]
+    assert all(not run.entries for run in held)
