@@ -27,8 +27,10 @@ class Delivery(NamedTuple):
 
 class Frame(NamedTuple):
     """Consecutive offsets given to one consumer at once: entry ``i`` has offset
-    ``base_offset + i``. Every one of them is on its first delivery (a failed delivery makes
-    its entries go out again one by one, as :class:`Delivery` values with their attempt)."""
+    ``base_offset + i``. None of them has failed a delivery (attempt 1; they may come again
+    after a consumer that held them left, which is no failure). Entries whose delivery failed
+    (nack, ack timeout) go out again one by one, as :class:`Delivery` values with their
+    attempt."""
 
     base_offset: int
     entries: Sequence[Entry]

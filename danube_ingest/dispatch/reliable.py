@@ -187,10 +187,10 @@ class ReliableSubscription:
         self._waiting: list[tuple[float, int, _Message]] = []
         self._sequence = itertools.count()
         self._blocked: set[int] = set()
-        # Runs (not KeyShared), as heaps of (offset or due, sequence, run), each entry stale
-        # once the run is no longer live or its offset / state / due changed: every live run
-        # by first offset (for the cursor), READY runs by first offset, DELIVERED runs by ack
-        # deadline. ``_run_count``: entries in live runs.
+        # Runs (Exclusive and Failover only), as heaps of (offset or due, sequence, run), each
+        # item stale once the run is no longer live or its offset / state / due changed: every
+        # live run by first offset (for the cursor), READY runs by first offset, DELIVERED runs
+        # by ack deadline. ``_run_count``: entries in live runs.
         self._runs: list[tuple[int, int, Run]] = []
         self._ready_runs: list[tuple[int, int, Run]] = []
         self._run_deadlines: list[tuple[float, int, Run]] = []
