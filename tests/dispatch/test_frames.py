@@ -254,3 +254,43 @@ async def test_settled_frames_keep_no_entries_alive(harness: Harness) -> None:
     # (Internals: heap items of settled runs may remain until they reach their heap's top.)
     held = [run for heap in (subscription._runs, subscription._run_deadlines) for *_, run in heap]
     assert all(not run.entries for run in held)
+
+
+async def test_a_poison_message_inside_a_frame_blocks_new_frames_until_acked(
+    harness: Harness,
+) -> None:
+    await harness.publish(3)
+    clock = ManualClock()
+    policy = DispatchPolicy(max_redeliveries=0, redelivery_max_s=60)  # Block, the default
+    subscription = harness.subscribe("sub", EXCLUSIVE, policy=policy, clock=clock)
+    handle = subscription.attach(1, "a", frames=100)
+    assert offsets_of(await take_items(handle, 3)) == [0, 1, 2]
+    assert subscription.nack(1)  # its only allowed delivery failed: it blocks
+    assert subscription.blocked == (1,)
+    assert subscription.ack(0) and subscription.ack(2)
+    await harness.publish(4)
+    await quiet(handle)  # nothing new goes out while blocked
+    clock.advance(60)
+    got = await take_items(handle, 1)
+    assert [(d.entry.offset, d.attempt) for d in got if isinstance(d, Delivery)] == [(1, 2)]
+    assert subscription.ack_range(handle, 0, 2) == 1  # the poison message
+    assert not subscription.blocked
+    assert subscription.cursor == 3
+    fresh = await take_items(handle, 4)
+    assert offsets_of(fresh) == [3, 4, 5, 6]
+    assert all(isinstance(i, Frame) for i in fresh)
+
+
+@pytest.mark.parametrize("sub_type", [SubscriptionType.SHARED, SubscriptionType.KEY_SHARED])
+async def test_shared_and_key_shared_stay_per_message(
+    harness: Harness, sub_type: SubscriptionType
+) -> None:
+    await harness.publish(6)
+    subscription = harness.subscribe("sub", sub_type)
+    handle = subscription.attach(1, "a", frames=100)
+    assert handle.frames == 0
+    items = await take_items(handle, 6)
+    assert all(isinstance(i, Delivery) for i in items)
+    assert offsets_of(items) == list(range(6))
+    assert subscription.ack_range(handle, 0, 5) == 6
+    assert subscription.cursor == 6
