@@ -49,6 +49,7 @@ from danube_ingest.wal.block import (
     EntryBlock,
     check_block,
     served_block,
+    served_frame,
 )
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,7 @@ def served_batch(batch: list[Delivery | Frame]) -> tuple[bytes, bytes, bytes, in
     order: stored bytes (``served_block``), offsets as little-endian u64."""
     if len(batch) == 1 and isinstance(batch[0], Frame):
         base, entries = batch[0]
-        block, sizes = served_block(entries)
+        block, sizes = served_frame(entries)
         offsets = np.arange(base, base + len(entries), dtype="<u8")
         return block, sizes, offsets.tobytes(), len(entries)
     blocks: list[bytes] = []
@@ -278,7 +279,7 @@ def served_batch(batch: list[Delivery | Frame]) -> tuple[bytes, bytes, bytes, in
             continue
         flush()
         base, entries = item
-        block, sizes = served_block(entries)
+        block, sizes = served_frame(entries)
         blocks.append(block)
         size_tables.append(sizes)
         offset_arrays.append(np.arange(base, base + len(entries), dtype="<u8"))

@@ -27,7 +27,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import overload
 
 import numpy as np
@@ -76,9 +75,6 @@ _ATTR = struct.Struct("<HI")
 _PREFIX = struct.Struct("<qqQQQIBHHH")
 _BATCH = struct.Struct("<IQIqq")
 _BYTE8 = np.arange(8, dtype=np.int64)
-_SOURCE = attrgetter("_src")
-_START = attrgetter("_start")
-_END = attrgetter("_end")
 _HEADER_BYTES = np.arange(ENTRY_HEADER_SIZE, dtype=np.int64)
 
 #: Idempotent producer ids have this bit set; danube-client producer ids (etcd counters) never
@@ -212,27 +208,48 @@ def served_block(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
     """
     if not entries:
         raise ValueError("an entry block needs at least one entry")
-    # Vectorised: one C-level pass per field, then the runs are where the body or the
-    # contiguity changes (no Python code per entry).
-    count = len(entries)
-    sources = list(map(_SOURCE, entries))
-    if None in sources:
-        return encode_block(entries)
-    starts = np.fromiter(map(_START, entries), np.int64, count)
-    ends = np.fromiter(map(_END, entries), np.int64, count)
-    sizes = (ends - starts).astype("<u4").tobytes()
-    ids = np.fromiter(map(id, sources), np.uint64, count)
-    breaks = np.flatnonzero((ids[1:] != ids[:-1]) | (starts[1:] != ends[:-1]))
-    if not len(breaks):
-        return sources[0][int(starts[0]) : int(ends[-1])], sizes
-    firsts = [0, *(breaks + 1).tolist()]
-    lasts = [*breaks.tolist(), count - 1]
-    return (
-        b"".join(
-            sources[a][int(starts[a]) : int(ends[b])] for a, b in zip(firsts, lasts, strict=True)
-        ),
-        sizes,
-    )
+    parts: list[bytes] = []
+    sizes = np.empty(len(entries), dtype="<u4")
+    src: bytes | None = None
+    run_start = run_end = 0
+    for i, entry in enumerate(entries):
+        source = entry._src
+        if source is None:
+            return encode_block(entries)
+        start = entry._start
+        end = entry._end
+        sizes[i] = end - start
+        if source is src and start == run_end:
+            run_end = end
+            continue
+        if src is not None:
+            parts.append(src[run_start:run_end])
+        src, run_start, run_end = source, start, end
+    assert src is not None
+    if not parts:
+        return src[run_start:run_end], sizes.tobytes()
+    parts.append(src[run_start:run_end])
+    return b"".join(parts), sizes.tobytes()
+
+
+def served_frame(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
+    """:func:`served_block` of entries with consecutive offsets, in order (a dispatched frame).
+
+    When the first and the last were decoded from the same stored body, so were all between
+    (a MESSAGES frame holds a contiguous range of offsets; another decoding of the same frame
+    spans the same bytes): the block is one slice of it and only the sizes are read per entry,
+    checked to tile the slice. Otherwise as :func:`served_block`.
+    """
+    if not entries:
+        raise ValueError("an entry block needs at least one entry")
+    first = entries[0]
+    last = entries[-1]
+    source = first._src
+    if source is not None and source is last._src:
+        sizes = np.array([e._end - e._start for e in entries], dtype=np.int64)
+        if int(sizes.sum()) == last._end - first._start and int(sizes.min()) > 0:
+            return source[first._start : last._end], sizes.astype("<u4").tobytes()
+    return served_block(entries)
 
 
 def encode_payloads(
