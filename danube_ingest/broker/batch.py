@@ -11,12 +11,12 @@ stream is not read further meanwhile (gRPC flow control then holds the client ba
 ``Consume``: a ``Subscribe`` first, then range acks; the daemon sends batches of deliveries
 (the subscription's dispatch: the same semantics as danube-client consumers) as entry blocks
 with each entry's offset. The consumer is attached for frames (``frames`` = its ``max_batch``):
-Exclusive, Failover and Shared dispatch hand it runs of consecutive offsets as read, whole, and
-a range ack settles whole runs (see ``dispatch.reliable``); KeyShared and redeliveries after a
+Exclusive and Failover dispatch hand it runs of consecutive offsets as read, whole, and a range
+ack settles whole runs (see ``dispatch.reliable``); Shared, KeyShared and redeliveries after a
 failed delivery come one by one. A batch's entries are sent as the bytes they are stored as
 (slices of the WAL frame, cached frame or object frame they were read from,
-``wal.block.served_block``), not encoded again message by message, and a frame's offsets are one
-``arange``.
+``wal.block.served_frame`` / ``served_block``), not encoded again message by message, and a
+frame's offsets are one ``arange``.
 """
 
 from __future__ import annotations
