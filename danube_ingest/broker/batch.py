@@ -10,9 +10,13 @@ stream is not read further meanwhile (gRPC flow control then holds the client ba
 
 ``Consume``: a ``Subscribe`` first, then range acks; the daemon sends batches of deliveries
 (the subscription's dispatch: the same semantics as danube-client consumers) as entry blocks
-with each entry's offset. A batch's entries are sent as the bytes they are stored as (slices
-of the WAL frame, cached frame or object frame they were read from, ``wal.block.served_block``),
-not encoded again message by message.
+with each entry's offset. The consumer is attached for frames (``frames`` = its ``max_batch``):
+Exclusive and Failover dispatch hand it runs of consecutive offsets as read, whole, and a range
+ack settles whole runs (see ``dispatch.reliable``); Shared, KeyShared and redeliveries after a
+failed delivery come one by one. A batch's entries are sent as the bytes they are stored as
+(slices of the WAL frame, cached frame or object frame they were read from,
+``wal.block.served_frame`` / ``served_block``), not encoded again message by message, and a
+frame's offsets are one ``arange``.
 
 Security: the caller is authenticated once per stream; each Publish batch is authorized
 (``produce`` on its topic) before it is checked or staged, and a refused batch is answered
@@ -41,7 +45,7 @@ from danube_ingest.broker.start import StartPosition
 from danube_ingest.broker.topics import TopicManager
 from danube_ingest.broker.validation import subscription_type
 from danube_ingest.config import LimitsConfig
-from danube_ingest.dispatch import SubscriptionType
+from danube_ingest.dispatch import Delivery, Frame, SubscriptionType
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.proto import ingest_pb2 as pb
 from danube_ingest.proto import ingest_pb2_grpc as pb_grpc
@@ -52,6 +56,7 @@ from danube_ingest.wal.block import (
     EntryBlock,
     check_block,
     served_block,
+    served_frame,
 )
 
 log = logging.getLogger(__name__)
@@ -206,6 +211,7 @@ class IngestService(pb_grpc.IngestServiceServicer):
             self._guard.authorize(caller, "consume", sub.topic)
             sub_type = subscription_type(sub.type)
             start = _start(sub.start, sub.start_value)
+            max_batch = sub.max_batch or DEFAULT_CONSUME_BATCH
             consumer_id = await self._manager.subscribe(
                 sub.topic,
                 sub.subscription,
@@ -214,6 +220,7 @@ class IngestService(pb_grpc.IngestServiceServicer):
                 list(sub.key_filters),
                 start,
                 owner=caller.owner,
+                frames=max_batch,
             )
         except StopAsyncIteration:
             return
@@ -223,9 +230,10 @@ class IngestService(pb_grpc.IngestServiceServicer):
         acks = asyncio.get_running_loop().create_task(
             self._read_acks(request_iterator, consumer_id, sub_type in _CUMULATIVE)
         )
-        max_batch = sub.max_batch or DEFAULT_CONSUME_BATCH
         deliveries = aiter(
-            self._manager.deliveries(consumer_id, max_batch, caller.peer, caller.owner)
+            self._manager.deliveries(
+                consumer_id, max_batch, caller.peer, caller.owner, frames=True
+            )
         )
         try:
             yield pb.ConsumeResponse(topic=sub.topic, count=0, consumer_id=consumer_id)
@@ -244,15 +252,13 @@ class IngestService(pb_grpc.IngestServiceServicer):
                     batch = following.result()
                 except StopAsyncIteration:
                     return
-                entries = [delivery.entry for delivery in batch]
-                block, sizes = served_block(entries)
-                offsets = np.fromiter((e.offset for e in entries), dtype="<u8", count=len(entries))
+                block, sizes, offsets, count = served_batch(batch)
                 yield pb.ConsumeResponse(
                     topic=sub.topic,
                     entries=block,
                     sizes=sizes,
-                    offsets=offsets.tobytes(),
-                    count=len(entries),
+                    offsets=offsets,
+                    count=count,
                     consumer_id=consumer_id,
                 )
         except Exception as exc:
@@ -269,6 +275,42 @@ class IngestService(pb_grpc.IngestServiceServicer):
                 continue
             ack = request.ack
             self._manager.ack_range(consumer_id, 0 if cumulative else ack.first, ack.last)
+
+
+def served_batch(batch: list[Delivery | Frame]) -> tuple[bytes, bytes, bytes, int]:
+    """The ``(entries, sizes, offsets, count)`` of a ConsumeResponse for ``batch``, in its
+    order: stored bytes (``served_block``), offsets as little-endian u64."""
+    if len(batch) == 1 and isinstance(batch[0], Frame):
+        base, entries = batch[0]
+        block, sizes = served_frame(entries)
+        offsets = np.arange(base, base + len(entries), dtype="<u8")
+        return block, sizes, offsets.tobytes(), len(entries)
+    blocks: list[bytes] = []
+    size_tables: list[bytes] = []
+    offset_arrays: list[Any] = []
+    singles: list[Any] = []
+
+    def flush() -> None:
+        if singles:
+            block, sizes = served_block(singles)
+            blocks.append(block)
+            size_tables.append(sizes)
+            offset_arrays.append(np.fromiter((e.offset for e in singles), "<u8", len(singles)))
+            singles.clear()
+
+    for item in batch:
+        if isinstance(item, Delivery):
+            singles.append(item.entry)
+            continue
+        flush()
+        base, entries = item
+        block, sizes = served_frame(entries)
+        blocks.append(block)
+        size_tables.append(sizes)
+        offset_arrays.append(np.arange(base, base + len(entries), dtype="<u8"))
+    flush()
+    offsets = np.concatenate(offset_arrays)
+    return b"".join(blocks), b"".join(size_tables), offsets.tobytes(), len(offsets)
 
 
 def _start(kind: int, value: int) -> StartPosition:

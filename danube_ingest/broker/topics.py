@@ -61,6 +61,7 @@ from danube_ingest.dispatch import (
     ConsumerHandle,
     Delivery,
     DispatchPolicy,
+    Frame,
     NonReliableTopic,
     ReliableSubscription,
     Subscription,
@@ -693,8 +694,11 @@ class TopicManager:
         key_filters: list[str],
         start: StartPosition = LATEST,
         owner: str | None = None,
+        frames: int = 0,
     ) -> int:
         """Attach a consumer; return its id (the same id for the same consumer name).
+        ``frames`` > 0: a batch consumer, given frames of up to that many entries (see
+        ``ReliableSubscription.attach``).
 
         ``start`` applies only if this call creates the subscription (it has no cursor yet);
         an existing subscription resumes after its cursor. See ``broker.start``. ``owner``:
@@ -759,7 +763,7 @@ class TopicManager:
                 f"subscription {subscription} has {attached} consumers "
                 f"(limits.max_consumers_per_subscription)"
             )
-        handle = sub.attach(client_id, consumer_name, list(key_filters))
+        handle = sub.attach(client_id, consumer_name, list(key_filters), frames=frames)
         if record != existing:
             await self._records.put_client(record)
         self._consumers[client_id] = record
@@ -916,7 +920,7 @@ class TopicManager:
     async def _consumer(self, consumer_id: int) -> ClientRecord:
         return await self._client(consumer_id, "consumer", self._consumers)
 
-    async def _attach(self, record: ClientRecord) -> ConsumerHandle:
+    async def _attach(self, record: ClientRecord, frames: int = 0) -> ConsumerHandle:
         """Attach a consumer to its subscription, waiting while its topic cannot be served
         here for now (the broker session or etcd is away). Raises ``NotOwnerError`` if another
         broker owns the topic, ``ConsumerClosedError`` once the broker shuts down, and errors
@@ -924,7 +928,7 @@ class TopicManager:
         delay = _RECOVER_POLL_SECONDS
         while True:
             try:
-                return await self._attach_once(record)
+                return await self._attach_once(record, frames)
             except DanubeIngestError as exc:
                 if self._ending or not _may_recover(exc):
                     raise
@@ -985,7 +989,7 @@ class TopicManager:
             return
         raise ConsumerClosedError(f"broker is shutting down: topic {topic} is not served")
 
-    async def _attach_once(self, record: ClientRecord) -> ConsumerHandle:
+    async def _attach_once(self, record: ClientRecord, frames: int) -> ConsumerHandle:
         runtime = await self._load(record.topic)
         assert record.subscription is not None  # consumer records always have one
         sub_record = await self._records.get_subscription(record.topic, record.subscription)
@@ -994,7 +998,7 @@ class TopicManager:
                 f"subscription {record.subscription} of {record.topic} no longer exists"
             )
         sub = await self._subscription(runtime, sub_record)
-        return sub.attach(record.client_id, record.name, list(record.key_filters))
+        return sub.attach(record.client_id, record.name, list(record.key_filters), frames=frames)
 
     async def receive(
         self, consumer_id: int, peer: str | None = None, owner: str | None = None
@@ -1004,6 +1008,7 @@ class TopicManager:
         subscription = record.subscription or ""
         async for batch in self.deliveries(consumer_id, 1, peer, owner):
             for delivery in batch:
+                assert isinstance(delivery, Delivery)  # (no frames asked for)
                 yield message_from_entry(
                     delivery.entry, record.topic, subscription, self.broker_url
                 )
@@ -1014,11 +1019,14 @@ class TopicManager:
         max_batch: int,
         peer: str | None = None,
         owner: str | None = None,
-    ) -> AsyncIterator[list[Delivery]]:
-        """A consumer's deliveries, at most ``max_batch`` at a time, in dispatch order; a new
-        stream takes over an old one. ``peer``: the client connection whose Ack and Nack calls
-        may settle them; ``owner``: the calling principal (``PermissionDeniedError`` before
-        anything is taken over if the consumer is another principal's).
+        frames: bool = False,
+    ) -> AsyncIterator[list[Delivery | Frame]]:
+        """A consumer's deliveries, at most ``max_batch`` messages at a time, in dispatch order
+        (``frames``: as frames of consecutive offsets where dispatch allows, see
+        ``ReliableSubscription.attach``); a new stream takes over an old one. ``peer``: the
+        client connection whose Ack and Nack calls may settle them; ``owner``: the calling
+        principal (``PermissionDeniedError`` before anything is taken over if the consumer is
+        another principal's).
 
         The stream ends when the consumer is taken over or detached, or the broker shuts down.
         While the topic is not served here (its ownership was lost, e.g. etcd is away) it stays
@@ -1030,7 +1038,7 @@ class TopicManager:
         if handle is None or consumer_id in self._streaming or handle.closed:
             # Attaching the same consumer id replaces an open handle in its place (closing
             # it), so a Failover consumer that reconnects stays the active one.
-            handle = await self._attach(record)
+            handle = await self._attach(record, max_batch if frames else 0)
             self._handles[consumer_id] = handle
         self._streaming.add(consumer_id)
         if peer is not None:
@@ -1049,7 +1057,7 @@ class TopicManager:
                         return  # shutdown, taken over or detached, or its subscription ended
                     # The topic was given up (ownership lost): keep the stream open.
                     try:
-                        handle = await self._attach(record)
+                        handle = await self._attach(record, max_batch if frames else 0)
                     except ConsumerClosedError:
                         return
                     self._handles[consumer_id] = handle
@@ -1081,7 +1089,7 @@ class TopicManager:
         sub = self._subscription_of(record.topic, record.subscription)
         if sub is None:
             return 0
-        return sub.ack_many(handle.held(first, last))
+        return sub.ack_range(handle, first, last)
 
     def _from_holder(
         self, sub: Subscription, offset: int, peer: str | None, owner: str | None, what: str

@@ -8,7 +8,7 @@ grpc nor the metadata store: cursors leave through a callback, dead letters thro
 """
 
 from danube_ingest.dispatch.clock import Clock, LoopClock, ManualClock, Timer
-from danube_ingest.dispatch.consumer import ConsumerHandle, Delivery
+from danube_ingest.dispatch.consumer import ConsumerHandle, Delivery, Frame
 from danube_ingest.dispatch.deadletter import DeadLetterCallback, dead_letter_attributes
 from danube_ingest.dispatch.errors import (
     ConsumerClosedError,
@@ -31,6 +31,7 @@ __all__ = [
     "Delivery",
     "DispatchError",
     "DispatchPolicy",
+    "Frame",
     "HashRing",
     "KeyFilter",
     "LoopClock",

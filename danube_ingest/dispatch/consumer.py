@@ -1,14 +1,17 @@
-"""What a subscription hands to a consumer: :class:`Delivery` values through a
-:class:`ConsumerHandle`."""
+"""What a subscription hands to a consumer: :class:`Delivery` values (one message) or, to a
+consumer that takes them (a batch consumer, ``frames`` > 0), :class:`Frame` values (a run of
+consecutive offsets), through a :class:`ConsumerHandle`."""
 
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 from danube_ingest.dispatch.errors import ConsumerClosedError
 from danube_ingest.dispatch.keyshared import KeyFilter
+from danube_ingest.dispatch.runs import Run
 from danube_ingest.wal.framing import Entry
 
 
@@ -20,6 +23,18 @@ class Delivery(NamedTuple):
     attempt: int
     """1 on the first delivery, plus one per failed delivery (nack or ack timeout) before this
     one. A redelivery caused by the consumer detaching does not count as a failure."""
+
+
+class Frame(NamedTuple):
+    """Consecutive offsets given to one consumer at once: entry ``i`` has offset
+    ``base_offset + i``. None of them has failed a delivery (attempt 1; they may come again
+    after a consumer that held them left, which is no failure). Entries whose delivery failed
+    (nack, ack timeout) go out again one by one, as :class:`Delivery` values with their
+    attempt."""
+
+    base_offset: int
+    entries: Sequence[Entry]
+    """The stored messages, as read (consecutive offsets, in order)."""
 
 
 class _Owner(Protocol):
@@ -42,16 +57,24 @@ class ConsumerHandle:
         name: str,
         key_filter: KeyFilter,
         description: str,
+        frames: int = 0,
     ) -> None:
         self._owner = owner
         self.consumer_id = consumer_id
         self.name = name
         self.key_filter = key_filter
         self._description = description
-        # Dispatched to this consumer and not yet taken by next(), in dispatch order.
-        self._queue: OrderedDict[int, Delivery] = OrderedDict()
-        # Reliable subscriptions: offsets this consumer holds unacknowledged (queued or taken).
+        self.frames = frames
+        """Most entries in one :class:`Frame` given to this consumer; 0: it takes only
+        :class:`Delivery` values (a danube-client consumer)."""
+        # Dispatched to this consumer and not yet taken, in dispatch order: a Delivery keyed by
+        # its offset, or a run (a Frame once taken) keyed by itself.
+        self._queue: OrderedDict[object, Delivery | Run] = OrderedDict()
+        # Reliable subscriptions: offsets this consumer holds unacknowledged one by one (queued
+        # or taken), and the runs it holds (ascending offsets) with how many entries they hold.
         self._window: set[int] = set()
+        self._runs: deque[Run] = deque()
+        self._run_held = 0
         self._closed = False
         self._close_reason = ""
         self._waiter: asyncio.Future[None] | None = None
@@ -73,7 +96,7 @@ class ConsumerHandle:
     @property
     def in_flight(self) -> int:
         """Reliable subscriptions: messages this consumer holds unacknowledged."""
-        return len(self._window)
+        return len(self._window) + self._run_held
 
     @property
     def queued(self) -> int:
@@ -81,16 +104,43 @@ class ConsumerHandle:
         return len(self._queue)
 
     async def next(self) -> Delivery:
-        """Wait for this consumer's next delivery.
+        """Wait for this consumer's next delivery (a consumer with ``frames`` 0 only gets
+        :class:`Delivery` values).
 
         Raises :class:`ConsumerClosedError` once the handle is closed, even if deliveries were
         queued (the subscription redelivers those). Cancelling the wait loses nothing.
         """
+        await self._wait()
+        item = self._take()
+        if not isinstance(item, Delivery):
+            raise RuntimeError(f"{self._description} takes frames: use next_batch()")
+        return item
+
+    async def next_batch(self, limit: int) -> list[Delivery | Frame]:
+        """Wait for this consumer's next delivery, then take those queued (in dispatch order),
+        whole, while they hold at most ``limit`` messages in all (the first is taken whatever its
+        size; the subscription makes no frame larger than ``frames``). Raises as :meth:`next`
+        does."""
+        await self._wait()
+        first = self._take()
+        batch = [first]
+        count = 1 if isinstance(first, Delivery) else len(first.entries)
+        queue = self._queue
+        while queue and count < limit:
+            item = next(iter(queue.values()))
+            size = 1 if isinstance(item, Delivery) else len(item.entries)
+            if count + size > limit:
+                break
+            batch.append(self._take())
+            count += size
+        return batch
+
+    async def _wait(self) -> None:
         while True:
             if self._closed:
                 raise ConsumerClosedError(f"{self._description} {self._close_reason}")
             if self._queue:
-                return self._queue.popitem(last=False)[1]
+                return
             if self._waiter is not None:
                 raise RuntimeError(f"{self._description}: next() is already being awaited")
             waiter = asyncio.get_running_loop().create_future()
@@ -100,19 +150,16 @@ class ConsumerHandle:
             finally:
                 self._waiter = None
 
-    async def next_batch(self, limit: int) -> list[Delivery]:
-        """Wait for this consumer's next delivery, then take up to ``limit`` of those queued
-        (in dispatch order). Raises as :meth:`next` does."""
-        first = await self.next()
-        batch = [first]
-        queue = self._queue
-        while queue and len(batch) < limit:
-            batch.append(queue.popitem(last=False)[1])
-        return batch
+    def _take(self) -> Delivery | Frame:
+        item = self._queue.popitem(last=False)[1]
+        if isinstance(item, Delivery):
+            return item
+        item.queued = False
+        return Frame(item.base, item.entries)
 
     def held(self, first: int, last: int) -> list[int]:
         """Reliable subscriptions: the offsets in ``[first, last]`` this consumer holds
-        unacknowledged, ascending."""
+        unacknowledged one by one (not in frames), ascending."""
         return sorted(o for o in self._window if first <= o <= last)
 
     def holds(self, offset: int) -> bool:
@@ -128,6 +175,11 @@ class ConsumerHandle:
 
     def _push(self, delivery: Delivery) -> None:
         self._queue[delivery.entry.offset] = delivery
+        self._wake()
+
+    def _push_run(self, run: Run) -> None:
+        run.queued = True
+        self._queue[run] = run
         self._wake()
 
     def _withdraw(self, offset: int) -> None:

@@ -78,9 +78,11 @@ class NonReliableSubscription:
         key_filters: Iterable[str] = (),
         *,
         sub_type: SubscriptionType | None = None,
+        frames: int = 0,
     ) -> ConsumerHandle:
         """Attach a consumer (same rules and errors as :meth:`ReliableSubscription.attach`);
-        it receives entries published from now on."""
+        it receives entries published from now on, always one by one (``frames`` is ignored:
+        nothing is stored, so there is no frame to hand on)."""
         if self._closed:
             raise ConsumerClosedError(
                 f"subscription {self.name} on topic {self.topic} is closed; subscribe again"
@@ -113,6 +115,10 @@ class NonReliableSubscription:
         return False
 
     def ack_many(self, offsets: Iterable[int]) -> int:
+        """No-op: non-reliable deliveries are not tracked."""
+        return 0
+
+    def ack_range(self, handle: ConsumerHandle, first: int, last: int) -> int:
         """No-op: non-reliable deliveries are not tracked."""
         return 0
 

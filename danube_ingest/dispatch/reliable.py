@@ -36,6 +36,16 @@ Guarantees of a :class:`ReliableSubscription` started at offset ``s``:
   topic's objects (object retention): the cold reader names the floor, never a silent gap.
 * **Acks** may arrive in any order and from any consumer; acks and nacks of unknown or settled
   offsets are ignored. A late ack (after the ack timeout) still settles the entry.
+* **Frames.** Exclusive and Failover subscriptions track entries as runs of consecutive offsets
+  (one per read batch, see :mod:`~danube_ingest.dispatch.runs`), and a consumer attached with
+  ``frames`` > 0 (a batch consumer) gets a run as one :class:`Frame` of at most that many
+  entries (and at most what its window has room for), acks it with :meth:`ack_range`, and costs
+  the subscription per frame, not per message. Everything above holds for frames too: a run
+  held by a consumer that leaves goes back, whole, to be delivered first (same attempt); a run
+  that is nacked or times out, or that a consumer with ``frames`` 0 (a danube-client consumer)
+  is to receive, becomes per-message state (the per-message path, with each entry's attempt)
+  for good. Shared and KeyShared stay per message (Shared's round robin is per message,
+  KeyShared routes each message by its key).
 
 Use one subscription from one event loop; construct it from a coroutine.
 """
@@ -47,7 +57,7 @@ import enum
 import heapq
 import itertools
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -58,6 +68,7 @@ from danube_ingest.dispatch.errors import ConsumerClosedError
 from danube_ingest.dispatch.keyshared import KeyFilter, routing_key_of
 from danube_ingest.dispatch.membership import Membership
 from danube_ingest.dispatch.policy import DispatchPolicy, PoisonPolicy, SubscriptionType
+from danube_ingest.dispatch.runs import Run
 from danube_ingest.errors import ConfigError, DanubeIngestError, OffsetOutOfRangeError
 from danube_ingest.store.topic_store import TopicReader, TopicStore
 from danube_ingest.wal.framing import Entry
@@ -158,6 +169,7 @@ class ReliableSubscription:
         self._clock: Clock = clock or LoopClock()
         self._members = Membership(topic, name, self.sub_type)
         self._key_shared = self.sub_type is SubscriptionType.KEY_SHARED
+        self._frames = self.sub_type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER)
         # Every unsettled entry read from the topic, in offset order (so the first is the
         # lowest unsettled offset).
         self._unacked: OrderedDict[int, _Message] = OrderedDict()
@@ -175,6 +187,14 @@ class ReliableSubscription:
         self._waiting: list[tuple[float, int, _Message]] = []
         self._sequence = itertools.count()
         self._blocked: set[int] = set()
+        # Runs (Exclusive and Failover only), as heaps of (offset or due, sequence, run), each
+        # item stale once the run is no longer live or its offset / state / due changed: every
+        # live run by first offset (for the cursor), READY runs by first offset, DELIVERED runs
+        # by ack deadline. ``_run_count``: entries in live runs.
+        self._runs: list[tuple[int, int, Run]] = []
+        self._ready_runs: list[tuple[int, int, Run]] = []
+        self._run_deadlines: list[tuple[float, int, Run]] = []
+        self._run_count = 0
         # KeyShared: which consumer holds unacknowledged entries of a key, and how many.
         self._key_holders: dict[str, tuple[ConsumerHandle, int]] = {}
         self._dead_letters = (
@@ -226,7 +246,7 @@ class ReliableSubscription:
     @property
     def unacked(self) -> int:
         """Entries read from the topic and not yet settled."""
-        return len(self._unacked)
+        return len(self._unacked) + self._run_count
 
     @property
     def blocked(self) -> tuple[int, ...]:
@@ -246,8 +266,12 @@ class ReliableSubscription:
         key_filters: Iterable[str] = (),
         *,
         sub_type: SubscriptionType | None = None,
+        frames: int = 0,
     ) -> ConsumerHandle:
         """Attach a consumer and return its handle.
+
+        ``frames`` > 0: the consumer takes :class:`Frame` values of up to that many entries
+        (see the module docs) and acks with :meth:`ack_range`; 0: only :class:`Delivery`.
 
         Attaching an id that is already attached is a takeover: the previous handle closes and
         the entries it held are redelivered (to the new handle for Exclusive and Failover).
@@ -266,6 +290,7 @@ class ReliableSubscription:
             name,
             KeyFilter(key_filters),
             f"consumer {consumer_id} ({name!r}) of subscription {self.name} on topic {self.topic}",
+            frames=frames if self._frames else 0,
         )
         for old in self._members.attach(handle):
             self._release_consumer(old, "was taken over by a new attach of the same consumer")
@@ -300,6 +325,23 @@ class ReliableSubscription:
 
     def _release_consumer(self, handle: ConsumerHandle, reason: str) -> None:
         handle._shutdown(reason)
+        if handle._runs:
+            runs = list(handle._runs)
+            log.info(
+                "redelivering frames of a departed consumer topic=%s subscription=%s "
+                "consumer_id=%d count=%d first_offset=%d",
+                self.topic,
+                self.name,
+                handle.consumer_id,
+                handle._run_held,
+                runs[0].base,
+            )
+            handle._runs.clear()
+            handle._run_held = 0
+            for run in runs:
+                run.consumer = None
+                run.queued = False
+                self._make_run_ready(run)
         held = [self._unacked[offset] for offset in sorted(handle._window)]
         for message in held:  # first release every key the consumer held...
             self._undeliver(message)
@@ -323,7 +365,16 @@ class ReliableSubscription:
         the subscription is closed (its successor redelivers the entry)."""
         message = self._unacked.get(offset)
         if message is None or self._closed:
-            return False
+            run = None if self._closed else self._run_at(offset)
+            if run is None:
+                return False
+            if run.consumer is not None:
+                run.consumer.progress_at = self._clock.now()
+            self._settle_part(run, offset, offset + 1)
+            self.stats.acked += 1
+            self._advance_cursor()
+            self._dispatch()
+            return True
         self.stats.acked += 1
         if message.consumer is not None:
             message.consumer.progress_at = self._clock.now()
@@ -343,6 +394,11 @@ class ReliableSubscription:
         for offset in offsets:
             message = unacked.get(offset)
             if message is None:
+                run = self._run_at(offset) if self._run_count else None
+                if run is not None:
+                    if run.consumer is not None:
+                        run.consumer.progress_at = now
+                    settled += self._settle_part(run, offset, offset + 1)
                 continue
             settled += 1
             if message.consumer is not None:
@@ -350,6 +406,46 @@ class ReliableSubscription:
             self._settle(message, advance=False)
         if settled:
             self.stats.acked += settled
+            self._advance_cursor()
+            self._dispatch()
+        return settled
+
+    def ack_range(self, handle: ConsumerHandle, first: int, last: int) -> int:
+        """Settle the offsets in ``[first, last]`` that ``handle`` holds (one by one or in
+        frames); returns how many. The same result as :meth:`ack_many` of those offsets; a
+        cumulative ack (``first`` 0) costs per frame, not per offset."""
+        if self._closed:
+            return 0
+        now = self._clock.now()
+        settled = 0
+        if handle._window:
+            unacked = self._unacked
+            for offset in handle.held(first, last):
+                message = unacked.get(offset)
+                if message is not None:
+                    settled += 1
+                    self._settle(message, advance=False)
+        runs = handle._runs
+        end = last + 1
+        if runs and first <= runs[0].base:
+            while runs and runs[0].end <= end:
+                run = runs[0]
+                settled += len(run.entries)
+                self._settle_run(run)
+            if runs and runs[0].base < end:
+                settled += self._settle_part(runs[0], first, end)
+        elif runs:
+            for run in list(runs):
+                if run.base >= end:
+                    break
+                if run.end > first:
+                    settled += self._settle_part(run, first, end)
+        if settled:
+            handle.progress_at = now
+            self.stats.acked += settled
+            run_deadlines = self._run_deadlines
+            while run_deadlines and not run_deadlines[0][2].live:
+                heapq.heappop(run_deadlines)  # (settled: keep the heap to what is held)
             self._advance_cursor()
             self._dispatch()
         return settled
@@ -362,6 +458,11 @@ class ReliableSubscription:
         Returns ``False`` (and changes nothing) unless ``offset`` is delivered and unacked.
         """
         message = self._unacked.get(offset)
+        if message is None and not self._closed:
+            run = self._run_at(offset)
+            if run is not None and run.consumer is not None:
+                self._explode(run)
+                message = self._unacked.get(offset)
         if message is None or message.state is not _State.DELIVERED or self._closed:
             return False
         self.stats.nacked += 1
@@ -430,10 +531,13 @@ class ReliableSubscription:
                     self._reader_done = True
                     self._can_read.clear()
                     return
-                for entry in batch:
-                    message = _Message(entry, routing_key_of(entry))
-                    self._unacked[entry.offset] = message
-                    self._make_ready(message)
+                if not self._frames:
+                    for entry in batch:
+                        message = _Message(entry, routing_key_of(entry))
+                        self._unacked[entry.offset] = message
+                        self._make_ready(message)
+                else:
+                    self._add_runs(batch)
                 self._read_next = batch[-1].offset + 1
                 self._dispatch()
         except asyncio.CancelledError:
@@ -467,8 +571,35 @@ class ReliableSubscription:
 
     # -- dispatching ------------------------------------------------------------------------
 
+    def _add_runs(self, batch: list[Entry]) -> None:
+        """Track a read batch as runs: one, unless offsets jump inside it."""
+        base = batch[0].offset
+        if batch[-1].offset - base + 1 == len(batch):
+            pieces: list[list[Entry]] = [batch]
+        else:
+            pieces = [[batch[0]]]
+            for entry in batch[1:]:
+                if entry.offset != pieces[-1][-1].offset + 1:
+                    pieces.append([])
+                pieces[-1].append(entry)
+        for entries in pieces:
+            run = Run(entries[0].offset, entries)
+            self._run_count += len(entries)
+            heapq.heappush(self._runs, (run.base, next(self._sequence), run))
+            self._make_run_ready(run)
+
+    def _make_run_ready(self, run: Run) -> None:
+        heapq.heappush(self._ready_runs, (run.base, next(self._sequence), run))
+
+    def _run_at(self, offset: int) -> Run | None:
+        """The live run holding ``offset`` (a scan: only for what arrives one by one)."""
+        for base, _, run in self._runs:
+            if run.live and run.base == base and base <= offset < run.end:
+                return run
+        return None
+
     def _has_room(self, handle: ConsumerHandle) -> bool:
-        return len(handle._window) < self.policy.max_unacked
+        return len(handle._window) + handle._run_held < self.policy.max_unacked
 
     def _key_target(self, key: str) -> ConsumerHandle | None:
         """KeyShared: the consumer holding unacked entries of ``key``, else its ring owner."""
@@ -481,16 +612,39 @@ class ReliableSubscription:
             return
         if self._key_shared:
             self._dispatch_by_key()
-        elif self._ready and self._members.receiver_count():
+        elif (self._ready or self._ready_runs) and self._members.receiver_count():
             self._dispatch_in_order()
         self._update_can_read()
 
     def _dispatch_in_order(self) -> None:
         ready = self._ready
+        runs = self._ready_runs
         members = self._members
         shared = self.sub_type is SubscriptionType.SHARED
         now = self._clock.now()  # (one reading per pass: deliveries of a pass share it)
-        while ready:
+        while True:
+            while runs:
+                base, _, run = runs[0]
+                if run.live and run.consumer is None and run.base == base:
+                    break
+                heapq.heappop(runs)  # settled, split or delivered since
+            if runs and (not ready or runs[0][0] < ready[0]):
+                if self._blocked and not run.dispatched:
+                    break  # Block policy: nothing new goes out (see below)
+                target = members.active()  # (runs: Exclusive and Failover only)
+                if target is None or not self._has_room(target):
+                    break
+                heapq.heappop(runs)
+                if not target.frames:
+                    # A consumer that takes single messages: the run's first entry goes to it
+                    # (its entries are now the lowest ready ones), the rest one by one.
+                    self._explode(run)
+                    self._deliver(self._unacked[heapq.heappop(ready)], target, now)
+                    continue
+                self._deliver_run(run, target, now)
+                continue
+            if not ready:
+                break
             offset = ready[0]
             message = self._unacked.get(offset)
             if message is None or message.state is not _State.READY:
@@ -549,7 +703,8 @@ class ReliableSubscription:
             not self._closed
             and not self._reader_done
             and not self._blocked
-            and len(self._unacked) < self.policy.max_unacked * members.receiver_count()
+            and len(self._unacked) + self._run_count
+            < self.policy.max_unacked * members.receiver_count()
             and any(map(self._has_room, members.receivers()))
         ):
             self._can_read.set()
@@ -574,6 +729,158 @@ class ReliableSubscription:
             self.stats.redelivered += 1
         handle._push(Delivery(message.entry, message.attempt))
         if len(self._deadlines) == 1:
+            self._arm()
+
+    def _deliver_run(self, run: Run, handle: ConsumerHandle, now: float) -> None:
+        """Give READY ``run`` (just taken off ``_ready_runs``) to ``handle``: all of it, or the
+        part that fits its frame size and window (the rest stays READY)."""
+        n = min(
+            len(run.entries),
+            handle.frames,
+            self.policy.max_unacked - len(handle._window) - handle._run_held,
+        )
+        if n < len(run.entries):
+            piece = Run(run.base, run.entries[:n], dispatched=run.dispatched)
+            run.entries = run.entries[n:]
+            run.base += n
+            sequence = self._sequence
+            heapq.heappush(self._runs, (piece.base, next(sequence), piece))
+            heapq.heappush(self._runs, (run.base, next(sequence), run))
+            self._make_run_ready(run)
+            run = piece
+        run.consumer = handle
+        run.dispatched = True
+        due = run.due = now + self.policy.ack_timeout_s
+        heapq.heappush(self._run_deadlines, (due, next(self._sequence), run))
+        if not handle._window and not handle._run_held:
+            handle.progress_at = now
+        held = handle._runs
+        if held and held[-1].base > run.base:  # a run given back by a departed consumer
+            held.append(run)
+            handle._runs = deque(sorted(held, key=lambda r: r.base))
+        else:
+            held.append(run)
+        handle._run_held += n
+        self.stats.delivered += n
+        handle._push_run(run)
+        if self._timer is None or self._timer_at > due:
+            self._arm()
+
+    def _undeliver_run(self, run: Run) -> None:
+        """Take a DELIVERED run back from its consumer."""
+        handle = run.consumer
+        assert handle is not None
+        runs = handle._runs
+        if runs[0] is run:
+            runs.popleft()
+        else:
+            runs.remove(run)
+        handle._run_held -= len(run.entries)
+        if run.queued:
+            del handle._queue[run]
+            run.queued = False
+        run.consumer = None
+
+    def _settle_run(self, run: Run) -> None:
+        if run.consumer is not None:
+            self._undeliver_run(run)
+        self._retire(run)
+
+    def _retire(self, run: Run) -> None:
+        """``run`` is no longer tracked. Stale heap items may still name it until they reach
+        their heap's top: they must not keep its entries alive (up to an ack timeout's worth
+        of messages)."""
+        run.live = False
+        self._run_count -= len(run.entries)
+        run.entries = ()
+
+    def _settle_part(self, run: Run, first: int, end: int) -> int:
+        """Settle offsets ``[first, end)`` of ``run`` (what of them it holds); return how many.
+        The run keeps what is left: shortened, or split in two around the settled part."""
+        base, run_end = run.base, run.end
+        lo, hi = max(first, base), min(end, run_end)
+        if lo >= hi:
+            return 0
+        n = hi - lo
+        if lo == base and hi == run_end:
+            self._settle_run(run)
+            return n
+        entries = run.entries
+        sequence = self._sequence
+        handle = run.consumer
+        if lo == base:
+            run.entries = entries[n:]
+            run.base = hi
+            heapq.heappush(self._runs, (hi, next(sequence), run))
+            if handle is None:
+                self._make_run_ready(run)
+        elif hi == run_end:
+            run.entries = entries[: lo - base]
+        else:
+            tail = Run(
+                hi, entries[hi - base :], consumer=handle, due=run.due, dispatched=run.dispatched
+            )
+            run.entries = entries[: lo - base]
+            heapq.heappush(self._runs, (hi, next(sequence), tail))
+            if handle is None:
+                self._make_run_ready(tail)
+            else:
+                handle._runs.insert(handle._runs.index(run) + 1, tail)
+                heapq.heappush(self._run_deadlines, (tail.due, next(sequence), tail))
+                if run.queued:
+                    items = list(handle._queue.items())
+                    at = next(i for i, (key, _) in enumerate(items) if key is run) + 1
+                    items.insert(at, (tail, tail))
+                    tail.queued = True
+                    handle._queue.clear()
+                    handle._queue.update(items)
+        if handle is not None:
+            handle._run_held -= n
+        self._run_count -= n
+        return n
+
+    def _explode(self, run: Run) -> None:
+        """Turn ``run`` into per-message state, each entry in the state the run was in (READY:
+        ready again; DELIVERED: in the same consumer's window and queue, same deadline)."""
+        handle = run.consumer
+        queue_keys = list(handle._queue) if handle is not None and run.queued else None
+        if handle is not None:
+            self._undeliver_run(run)
+        messages = [_Message(entry, "") for entry in run.entries]
+        self._retire(run)
+        unacked = self._unacked
+        in_order = not unacked or next(reversed(unacked)) < run.base
+        for message in messages:
+            unacked[message.entry.offset] = message
+        if not in_order:
+            _sort_in_place(unacked, lambda item: item[0])
+        if handle is None:
+            for message in messages:
+                message.dispatched = run.dispatched
+                self._make_ready(message)
+            return
+        deadlines = self._deadlines
+        in_order = not deadlines or next(reversed(deadlines.values())).due <= run.due
+        for message in messages:
+            offset = message.entry.offset
+            message.state = _State.DELIVERED
+            message.consumer = handle
+            message.dispatched = True
+            message.due = run.due
+            deadlines[offset] = message
+            handle._window.add(offset)
+        if not in_order:
+            _sort_in_place(deadlines, lambda item: item[1].due)
+        if queue_keys is not None:
+            # Its entries take the run's place in the consumer's queue (dispatch order).
+            queue = handle._queue
+            items = list(queue.items())
+            at = queue_keys.index(run)
+            items[at:at] = [(m.entry.offset, Delivery(m.entry, m.attempt)) for m in messages]
+            queue.clear()
+            queue.update(items)
+            handle._wake()
+        if self._timer is None or self._timer_at > run.due:
             self._arm()
 
     def _undeliver(self, message: _Message) -> None:
@@ -618,6 +925,13 @@ class ReliableSubscription:
 
     def _advance_cursor(self) -> None:
         cursor = next(iter(self._unacked)) if self._unacked else self._read_next
+        runs = self._runs
+        while runs:
+            base, _, run = runs[0]
+            if run.live and run.base == base:
+                cursor = min(cursor, base)
+                break
+            heapq.heappop(runs)
         if cursor > self._cursor:
             self._cursor = cursor
             if self._on_cursor is not None:
@@ -694,6 +1008,13 @@ class ReliableSubscription:
 
     def _next_due(self) -> float | None:
         due = next(iter(self._deadlines.values())).due if self._deadlines else None
+        run_deadlines = self._run_deadlines
+        while run_deadlines:
+            at, _, run = run_deadlines[0]
+            if run.live and run.consumer is not None and run.due == at:
+                due = at if due is None else min(due, at)
+                break
+            heapq.heappop(run_deadlines)  # settled or given back since
         waiting = self._waiting
         while waiting:
             at, _, message = waiting[0]
@@ -719,6 +1040,11 @@ class ReliableSubscription:
         if self._closed:
             return
         now = self._clock.now()
+        run_deadlines = self._run_deadlines
+        while run_deadlines and run_deadlines[0][0] <= now:
+            at, _, run = heapq.heappop(run_deadlines)
+            if run.live and run.consumer is not None and run.due == at:
+                self._explode(run)  # its entries time out one by one below
         deadlines = self._deadlines
         while deadlines:
             message = next(iter(deadlines.values()))
@@ -733,3 +1059,11 @@ class ReliableSubscription:
                 self._make_ready(message)
         self._dispatch()
         self._arm()
+
+
+def _sort_in_place(
+    items: OrderedDict[int, _Message], key: Callable[[tuple[int, _Message]], object]
+) -> None:
+    ordered = sorted(items.items(), key=key)  # type: ignore[arg-type]
+    items.clear()
+    items.update(ordered)

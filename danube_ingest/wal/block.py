@@ -232,6 +232,26 @@ def served_block(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
     return b"".join(parts), sizes.tobytes()
 
 
+def served_frame(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
+    """:func:`served_block` of entries with consecutive offsets, in order (a dispatched frame).
+
+    When the first and the last were decoded from the same stored body, so were all between
+    (a MESSAGES frame holds a contiguous range of offsets; another decoding of the same frame
+    spans the same bytes): the block is one slice of it and only the sizes are read per entry,
+    checked to tile the slice. Otherwise as :func:`served_block`.
+    """
+    if not entries:
+        raise ValueError("an entry block needs at least one entry")
+    first = entries[0]
+    last = entries[-1]
+    source = first._src
+    if source is not None and source is last._src:
+        sizes = np.array([e._end - e._start for e in entries], dtype=np.int64)
+        if int(sizes.sum()) == last._end - first._start and int(sizes.min()) > 0:
+            return source[first._start : last._end], sizes.astype("<u4").tobytes()
+    return served_block(entries)
+
+
 def encode_payloads(
     payloads: Sequence[bytes],
     *,

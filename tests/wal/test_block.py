@@ -24,6 +24,7 @@ from danube_ingest.wal.block import (
     encode_payloads,
     entry_sizes,
     served_block,
+    served_frame,
 )
 from danube_ingest.wal.framing import Entry, decode_messages, messages_frame
 from danube_ingest.wal.meta import PRODUCER_WINDOW
@@ -280,6 +281,29 @@ def test_decoded_entries_are_served_as_their_stored_bytes() -> None:
         assert served_block(case) == encode_block(case)
     with pytest.raises(ValueError):
         served_block([])
+
+
+def test_a_frame_of_consecutive_offsets_is_served_as_its_stored_bytes() -> None:
+    """``served_frame`` (a dispatched frame: consecutive offsets) equals encoding its entries
+    again: one slice when first and last come from one body, else as ``served_block``."""
+    stored = entries(9)
+    for i, entry in enumerate(stored):
+        entry.offset, entry.ingest_ms, entry.producer_id, entry.request_id = i, 77, PID, 4
+    body = b"".join(messages_frame(0, 0, stored[:6])[1:])
+    other = b"".join(messages_frame(0, 6, stored[6:])[1:])
+    decoded = decode_messages(body)[1] + decode_messages(other)[1]
+    again = decode_messages(body)[1]  # the same frame decoded twice (two reads)
+    cases = [
+        decoded[:6],  # a whole frame
+        decoded[1:5],  # part of one
+        decoded[4:8],  # across two frames
+        decoded[:2] + again[2:4] + decoded[4:6],  # one frame, from two decodings of it
+        [decoded[3], stored[4], decoded[5]],  # a never-decoded entry: encoded instead
+    ]
+    for case in cases:
+        assert served_frame(case) == encode_block(case)
+    with pytest.raises(ValueError):
+        served_frame([])
 
 
 @settings(max_examples=60, deadline=None)
