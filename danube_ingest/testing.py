@@ -271,6 +271,8 @@ class BrokerProcess:
     Its config file has ``storage.mode: local_only`` and small segments (1 MiB or 2 s);
     ``storage`` is merged into that section, nested dicts key by key, e.g.
     ``{"mode": "wal_cloud", "cloud": {"backend": "fs", "root": "/shared/objects"}}``.
+    ``tls`` is its ``broker.tls`` section (``{"cert_file": ..., "key_file": ...}``: it then
+    serves TLS and ``url`` is ``https://``); ``auth`` its ``auth`` section.
     """
 
     def __init__(
@@ -284,6 +286,8 @@ class BrokerProcess:
         extra_args: tuple[str, ...] = (),
         lease_ttl: int = 2,
         storage: dict[str, Any] | None = None,
+        tls: dict[str, Any] | None = None,
+        auth: dict[str, Any] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.etcd_endpoint = etcd_endpoint
@@ -293,12 +297,15 @@ class BrokerProcess:
         self.extra_args = extra_args
         self.lease_ttl = lease_ttl
         self.storage = storage
+        self.tls = tls
+        self.auth = auth
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir / f"{broker_id}.log"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> None:
         """Start the broker and wait until it serves (its ready line is in the log)."""
@@ -308,11 +315,15 @@ class BrokerProcess:
             "mode": "local_only",
             "wal": {"segment_bytes": "1MiB", "segment_seconds": 2},
         }
-        values = {
+        values: dict[str, Any] = {
             "etcd": {"prefix": self.prefix, "lease_ttl_seconds": self.lease_ttl},
             "metrics": {"listen": "127.0.0.1:0"},
             "storage": self._merged(storage, self.storage or {}),
         }
+        if self.tls:
+            values["broker"] = {"tls": self.tls}
+        if self.auth:
+            values["auth"] = self.auth
         config.write_text(yaml.safe_dump(values, sort_keys=False))
         command = [
             sys.executable,

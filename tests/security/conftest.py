@@ -1,34 +1,41 @@
 """Fixtures for security tests: signing keys, tokens, and a real broker (real etcd) with
-``auth.enabled``, reached by the real danube-client and raw gRPC stubs over loopback.
+``auth.enabled`` serving TLS (``broker.tls``, certificates from ``tests.certs``), reached the
+documented way: danube-client with ``with_tls(ca)`` + ``with_token(token)``, our batch client
+with ``tls=TlsOptions(ca_file=...)`` + ``token=``, raw gRPC stubs on a TLS channel.
 
-danube-client switches to TLS whenever it has a token; until the broker's TLS listener is
-merged these tests send its token over plain loopback gRPC (``token_client``), which exercises
-exactly the same metadata the broker checks.
+``loopback_auth`` is the one broker without TLS (auth on plain loopback is allowed); only the
+batch client and raw stubs can reach it with a token, since danube-client turns TLS on with one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import grpc
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from danube import DanubeClient, DanubeClientBuilder
+from danube import DanubeClientBuilder
 
 from danube_ingest.broker.server import Broker
+from danube_ingest.client import TlsOptions
+from danube_ingest.dispatch import ReliableSubscription
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.metadata.records import Records
 from danube_ingest.security import hash_api_key
+from danube_ingest.store import TopicStore
 from danube_ingest.testing import broker_config, running_broker
 from tests.broker.support import Clients, RawStubs
+from tests.broker.test_tls import tls_overrides
+from tests.certs import Certs
 
 HMAC_SECRET = "test-only-hmac-secret-0123456789abcdef"
 API_KEY = "svc-key-7d1c0b8e0f5e4a4f"
@@ -103,7 +110,18 @@ def signing(tmp_path_factory: pytest.TempPathFactory) -> Signing:
     )
 
 
+def auth_section(signing: Signing) -> dict[str, Any]:
+    """The broker's ``auth`` section: HMAC, RSA and EC tokens, the API key, PERMISSIONS."""
+    return {
+        "enabled": True,
+        "jwt": {"hmac_secret": HMAC_SECRET, "public_key_files": signing.public_key_files},
+        "api_keys_file": signing.api_keys_file,
+        "permissions": PERMISSIONS,
+    }
+
+
 def auth_overrides(signing: Signing) -> dict[str, Any]:
+    """``auth_section`` as ``broker_config`` overrides."""
     return {
         "auth.enabled": True,
         "auth.jwt.hmac_secret": HMAC_SECRET,
@@ -125,15 +143,72 @@ async def records(etcd_server: str, etcd_prefix: str) -> AsyncIterator[Records]:
     await kv.close()
 
 
+class SecureBroker:
+    """A broker with ``auth.enabled`` and TLS, and the ways clients reach it."""
+
+    def __init__(self, broker: Broker, certs: Certs) -> None:
+        self.broker = broker
+        self.certs = certs
+        self.tls = TlsOptions(ca_file=certs.ca)
+
+    @property
+    def url(self) -> str:
+        return self.broker.url
+
+    @property
+    def store(self) -> TopicStore:
+        assert self.broker.store is not None
+        return self.broker.store
+
+    def danube_builder(self, token: str | None = None) -> DanubeClientBuilder:
+        """danube-client's builder as an application sets it up: ``with_tls(ca)``, then
+        ``with_token(token)`` (if given)."""
+        builder = DanubeClientBuilder().service_url(self.url).with_tls(str(self.certs.ca))
+        return builder if token is None else builder.with_token(token)
+
+    def clients(self, token: str | None) -> Clients:
+        """``Clients`` whose danube-client uses TLS and sends ``token``."""
+        return Clients(self.url, self.danube_builder(token))
+
+    def channel(self, *, own_connection: bool = False) -> grpc.aio.Channel:
+        """A TLS channel to the broker. ``own_connection``: on a connection of its own, as
+        another client process would have (gRPC shares one connection between channels of a
+        process that have the same target and options; another host never shares the
+        victim's)."""
+        options = [("grpc.use_local_subchannel_pool", 1)] if own_connection else []
+        target = self.url.removeprefix("https://")
+        return grpc.aio.secure_channel(target, self.tls.credentials(), options=options)
+
+    @asynccontextmanager
+    async def stubs(self, *, own_connection: bool = False) -> AsyncIterator[RawStubs]:
+        """Raw stubs on ``channel(own_connection=...)``."""
+        async with self.channel(own_connection=own_connection) as channel:
+            yield RawStubs(channel)
+
+
 @pytest.fixture
 async def secure(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str, signing: Signing, certs: Certs
+) -> AsyncIterator[SecureBroker]:
+    """A broker with ``auth.enabled`` (HMAC, RSA and EC tokens, an API key, PERMISSIONS) and
+    ``broker.tls`` (the session's server certificate)."""
+    overrides = {**auth_overrides(signing), **tls_overrides(certs)}
+    config = broker_config(tmp_path / "b1", etcd_server, prefix=etcd_prefix, overrides=overrides)
+    async with running_broker(config) as broker:
+        assert broker.url.startswith("https://")
+        yield SecureBroker(broker, certs)
+
+
+@pytest.fixture
+async def loopback_auth(
     tmp_path: Path, etcd_server: str, etcd_prefix: str, signing: Signing
 ) -> AsyncIterator[Broker]:
-    """A broker with ``auth.enabled`` (HMAC, RSA and EC tokens, an API key, PERMISSIONS)."""
+    """A broker with ``auth.enabled`` and no TLS, on loopback (allowed there)."""
     config = broker_config(
         tmp_path / "b1", etcd_server, prefix=etcd_prefix, overrides=auth_overrides(signing)
     )
     async with running_broker(config) as broker:
+        assert broker.url.startswith("http://")
         yield broker
 
 
@@ -144,26 +219,6 @@ async def open_broker(tmp_path: Path, etcd_server: str, etcd_prefix: str) -> Asy
         yield b
 
 
-async def token_client(url: str, token: str) -> DanubeClient:
-    """danube-client with ``with_token(token)``, over plain loopback gRPC (see the module
-    docstring): it sends ``authorization: Bearer <token>`` on every call."""
-    builder = DanubeClientBuilder().service_url(url).with_token(token)
-    builder._options.use_tls = False
-    return await builder.build()
-
-
-class TokenClients(Clients):
-    """``Clients`` whose danube-client sends ``token``."""
-
-    def __init__(self, url: str, token: str) -> None:
-        super().__init__(url)
-        self._token = token
-
-    async def __aenter__(self) -> Self:
-        self._client = await token_client(self.url, self._token)
-        return self
-
-
 def bearer(token: str) -> tuple[tuple[str, str], ...]:
     """Call metadata carrying ``token`` as danube-client sends it."""
     return (("authorization", f"Bearer {token}"),)
@@ -171,10 +226,35 @@ def bearer(token: str) -> tuple[tuple[str, str], ...]:
 
 @asynccontextmanager
 async def other_process_stubs(url: str) -> AsyncIterator[RawStubs]:
-    """Raw stubs on a connection of their own, as another client process would have (gRPC
-    shares one connection between channels of a process that have the same target and
-    options; a process on another host never shares the victim's)."""
+    """Plain-loopback raw stubs on a connection of their own (see ``SecureBroker.channel``)."""
     target = url.removeprefix("http://")
     options = [("grpc.use_local_subchannel_pool", 1)]
     async with grpc.aio.insecure_channel(target, options=options) as channel:
         yield RawStubs(channel)
+
+
+async def stored_payloads(store: TopicStore, topic: str) -> list[bytes]:
+    """Every payload ``topic`` holds in the WAL, offset 0 on ([] for an unknown topic)."""
+    info = store.info(topic)
+    if info is None:
+        return []
+    reader = store.create_reader(topic, 0)
+    got: list[bytes] = []
+    try:
+        async with asyncio.timeout(10):
+            while len(got) < info.high_watermark:
+                got += [entry.payload for entry in await reader.next_batch()]
+    finally:
+        reader.close()
+    return got
+
+
+def subscription(broker: Broker | SecureBroker, name: str, topic: str) -> ReliableSubscription:
+    """The broker's reliable subscription ``name`` on ``topic`` (to read its cursor and how
+    many of its messages are unacknowledged)."""
+    if isinstance(broker, SecureBroker):
+        broker = broker.broker
+    assert broker.manager is not None
+    sub = broker.manager._subscription_of(topic, name)
+    assert isinstance(sub, ReliableSubscription)
+    return sub

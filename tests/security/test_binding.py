@@ -12,12 +12,12 @@ from danube.proto import DanubeApi_pb2 as pb
 
 from danube_ingest.broker.server import Broker
 from danube_ingest.client import Producer, PublishError
-from danube_ingest.dispatch import ReliableSubscription
 from danube_ingest.metadata.records import Records
 from tests.broker.support import (
     Clients,
     Subscribed,
     consumer_request,
+    eventually,
     message,
     offsets,
     producer_request,
@@ -25,36 +25,30 @@ from tests.broker.support import (
     rpc_error,
 )
 
-from .conftest import Signing, TokenClients, bearer, other_process_stubs
+from .conftest import (
+    SecureBroker,
+    Signing,
+    bearer,
+    other_process_stubs,
+    stored_payloads,
+    subscription,
+)
 
 TOPIC = "/shop/orders"
 IN_FLIGHT = 16
 
 
-def high_watermark(broker: Broker, topic: str = TOPIC) -> int:
-    assert broker.store is not None
-    info = broker.store.info(topic)
-    return -1 if info is None else info.high_watermark
-
-
-def subscription(broker: Broker, name: str, topic: str = TOPIC) -> ReliableSubscription:
-    assert broker.manager is not None
-    sub = broker.manager._subscription_of(topic, name)
-    assert isinstance(sub, ReliableSubscription)
-    return sub
-
-
 async def test_forged_producer_id_is_refused_and_nothing_stored(
-    secure: Broker, records: Records, signing: Signing
+    secure: SecureBroker, records: Records, signing: Signing
 ) -> None:
     alice, mallory = bearer(signing.token("alice")), bearer(signing.token("mallory"))
-    async with raw_stubs(secure.url) as raw:
+    async with secure.stubs() as raw:
         created = await raw.producers.CreateProducer(producer_request(TOPIC, "p"), metadata=alice)
         producer_id = created.producer_id
         stored = await records.get_client(producer_id)
         assert stored is not None and stored.principal == "alice"  # persisted with its owner
         await raw.producers.SendMessage(message(producer_id, TOPIC, b"a"), metadata=alice)
-        assert high_watermark(secure) == 1
+        assert await stored_payloads(secure.store, TOPIC) == [b"a"]
 
         forged = await rpc_error(
             raw.producers.SendMessage(message(producer_id, TOPIC, b"forged"), metadata=mallory)
@@ -76,7 +70,7 @@ async def test_forged_producer_id_is_refused_and_nothing_stored(
             raw.producers.CreateProducer(producer_request(TOPIC, "p"), metadata=mallory)
         )
         assert same_name.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert high_watermark(secure) == 1
+        assert await stored_payloads(secure.store, TOPIC) == [b"a"]
 
         # alice goes on; her own health check is answered.
         await raw.producers.SendMessage(message(producer_id, TOPIC, b"b"), metadata=alice)
@@ -87,7 +81,7 @@ async def test_forged_producer_id_is_refused_and_nothing_stored(
             metadata=alice,
         )
         assert ok.status == pb.HealthCheckResponse.OK
-    assert high_watermark(secure) == 2
+    assert await stored_payloads(secure.store, TOPIC) == [b"a", b"b"]
 
 
 async def crash(clients: Clients, consumer: Subscribed) -> None:
@@ -99,11 +93,11 @@ async def crash(clients: Clients, consumer: Subscribed) -> None:
 
 
 async def test_foreign_ack_is_refused_and_the_victims_messages_are_redelivered_after_its_crash(
-    secure: Broker, records: Records, signing: Signing
+    secure: SecureBroker, records: Records, signing: Signing
 ) -> None:
     alice = signing.token("alice")
     mallory = bearer(signing.token("mallory"))
-    async with TokenClients(secure.url, alice) as victim_side:
+    async with secure.clients(alice) as victim_side:
         producer = await victim_side.producer(TOPIC)
         victim = await victim_side.consumer(TOPIC, "s", "victim", SubType.SHARED)
         for i in range(IN_FLIGHT):
@@ -113,7 +107,7 @@ async def test_foreign_ack_is_refused_and_the_victims_messages_are_redelivered_a
         victim_record = await records.find_consumer(TOPIC, "s", "victim")
         assert victim_record is not None
 
-        async with other_process_stubs(secure.url) as raw:
+        async with secure.stubs(own_connection=True) as raw:
             for m in held:
                 ack = pb.AckRequest(request_id=1, msg_id=m.msg_id, subscription_name="s")
                 error = await rpc_error(raw.consumers.Ack(ack, metadata=mallory))
@@ -130,12 +124,15 @@ async def test_foreign_ack_is_refused_and_the_victims_messages_are_redelivered_a
             error = await rpc_error(stream.read())
             assert error.code() == grpc.StatusCode.PERMISSION_DENIED
 
-        sub = subscription(secure, "s")
+        sub = subscription(secure, "s", TOPIC)
         assert sub.cursor == 0 and sub.unacked == IN_FLIGHT  # nothing acknowledged
+        assert victim.queue.empty()  # nor redelivered by the refused nack
+        expected = [f"m{i}".encode() for i in range(IN_FLIGHT)]
+        assert await stored_payloads(secure.store, TOPIC) == expected
         await crash(victim_side, victim)
 
     # The victim's replacement (alice again, same consumer name) gets every message again.
-    async with TokenClients(secure.url, alice) as again:
+    async with secure.clients(alice) as again:
         back = await again.consumer(TOPIC, "s", "victim", SubType.SHARED)
         redelivered = await back.take(IN_FLIGHT)
         assert sorted(offsets(redelivered)) == list(range(IN_FLIGHT))
@@ -157,7 +154,7 @@ async def test_foreign_ack_is_refused_with_auth_off(open_broker: Broker) -> None
                 ack = pb.AckRequest(request_id=1, msg_id=m.msg_id, subscription_name="s")
                 error = await rpc_error(raw.consumers.Ack(ack))
                 assert error.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert subscription(open_broker, "s").cursor == 0
+        assert subscription(open_broker, "s", TOPIC).cursor == 0
         await crash(victim_side, victim)
 
     async with Clients(open_broker.url) as others:
@@ -168,14 +165,23 @@ async def test_foreign_ack_is_refused_with_auth_off(open_broker: Broker) -> None
 
 
 async def test_exclusive_subscription_is_not_taken_over_by_reusing_the_holders_name(
-    secure: Broker, signing: Signing
+    secure: SecureBroker, records: Records, signing: Signing
 ) -> None:
+    """mallory subscribing under the holder's name (through danube-client over TLS, and raw)
+    is refused PERMISSION_DENIED: the holder keeps its stream and its unacknowledged message,
+    and mallory receives nothing."""
     alice = signing.token("alice")
     mallory = bearer(signing.token("mallory"))
-    async with TokenClients(secure.url, alice) as holder_side:
+    async with secure.clients(alice) as holder_side:
         producer = await holder_side.producer(TOPIC)
         holder = await holder_side.consumer(TOPIC, "s", "holder", SubType.EXCLUSIVE)
-        async with raw_stubs(secure.url) as raw:
+        await producer.send(b"in flight")
+        in_flight = await holder.take(1)
+        async with secure.clients(signing.token("mallory")) as attacker:
+            with pytest.raises(grpc.aio.AioRpcError) as taken:
+                await attacker.consumer(TOPIC, "s", "holder", SubType.EXCLUSIVE)
+            assert taken.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        async with secure.stubs(own_connection=True) as raw:
             error = await rpc_error(
                 raw.consumers.Subscribe(
                     consumer_request(TOPIC, "s", "holder", SubType.EXCLUSIVE), metadata=mallory
@@ -189,14 +195,20 @@ async def test_exclusive_subscription_is_not_taken_over_by_reusing_the_holders_n
                 )
             )
             assert other.code() == grpc.StatusCode.PERMISSION_DENIED  # Exclusive is held
+        record = await records.find_consumer(TOPIC, "s", "holder")
+        assert record is not None and record.principal == "alice"
+        sub = subscription(secure, "s", TOPIC)
+        assert (sub.cursor, sub.unacked) == (0, 1)  # the holder's message is still its own
         # The holder still has its stream.
         await producer.send(b"still mine")
         got = await holder.take(1)
-        assert offsets(got) == [0]
-        await holder.ack_all(got)
+        assert offsets(in_flight + got) == [0, 1]
+        await holder.ack_all(in_flight + got)
+        await eventually(lambda: sub.cursor == 2, "the holder's acks to settle")
+    assert await stored_payloads(secure.store, TOPIC) == [b"in flight", b"still mine"]
 
     # alice reconnecting under the same name takes over, as danube-client relies on.
-    async with TokenClients(secure.url, alice) as again:
+    async with secure.clients(alice) as again:
         back = await again.consumer(TOPIC, "s", "holder", SubType.EXCLUSIVE)
         assert back.queue.empty()
 
@@ -215,14 +227,16 @@ async def test_ids_are_random_not_sequential(open_broker: Broker) -> None:
 
 
 async def test_batch_producer_id_of_another_principal_is_refused(
-    secure: Broker, signing: Signing
+    secure: SecureBroker, signing: Signing
 ) -> None:
     """An idempotent producer's id is delivered to consumers with its messages; reusing it must
     not let anyone make the producer's next batches look like duplicates (acknowledged, not
     stored)."""
-    async with Producer(secure.url, TOPIC, token=signing.token("alice")) as alice:
+    async with Producer(secure.url, TOPIC, tls=secure.tls, token=signing.token("alice")) as alice:
         assert await (await alice.send(b"a0")) == 0
-        async with Producer(secure.url, TOPIC, token=signing.token("mallory")) as mallory:
+        async with Producer(
+            secure.url, TOPIC, tls=secure.tls, token=signing.token("mallory")
+        ) as mallory:
             mallory.producer_id = alice.producer_id  # learnt from a delivered message
             future = await mallory.send(b"forged")
             with pytest.raises(PublishError) as refused:
@@ -230,4 +244,4 @@ async def test_batch_producer_id_of_another_principal_is_refused(
         assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
         assert "idempotent producer id" in refused.value.details
         assert await (await alice.send(b"a1")) == 1
-    assert high_watermark(secure) == 2
+    assert await stored_payloads(secure.store, TOPIC) == [b"a0", b"a1"]

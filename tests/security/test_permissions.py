@@ -11,25 +11,23 @@ from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import SchemaRegistry_pb2 as schema_pb
 from danube.proto import SchemaRegistry_pb2_grpc as schema_grpc
 
-from danube_ingest.broker.server import Broker
 from danube_ingest.client import ConsumeError, Consumer, Producer, PublishError
 from danube_ingest.metadata.records import Records
-from tests.broker.support import consumer_request, producer_request, raw_stubs, rpc_error
+from tests.broker.support import consumer_request, producer_request, rpc_error
 
-from .conftest import Signing, bearer
+from .conftest import SecureBroker, Signing, bearer, stored_payloads, subscription
 
 
-def created(broker: Broker, topic: str) -> bool:
-    assert broker.store is not None
+def created(broker: SecureBroker, topic: str) -> bool:
     return broker.store.info(topic) is not None
 
 
 async def test_wrong_namespace_is_permission_denied(
-    secure: Broker, records: Records, signing: Signing
+    secure: SecureBroker, records: Records, signing: Signing
 ) -> None:
     alice = bearer(signing.token("alice"))
     topic = "/other/orders"
-    async with raw_stubs(secure.url) as raw:
+    async with secure.stubs() as raw:
         error = await rpc_error(
             raw.producers.CreateProducer(producer_request(topic), metadata=alice)
         )
@@ -50,12 +48,58 @@ async def test_wrong_namespace_is_permission_denied(
     assert await records.list_subscriptions(topic) == []
 
 
+async def test_wrong_namespace_of_an_existing_topic_stores_and_delivers_nothing(
+    secure: SecureBroker, records: Records, signing: Signing
+) -> None:
+    """/other/orders exists and holds a message (an operator with ``admin`` published it);
+    alice (who may only use namespace shop) is refused PERMISSION_DENIED by danube-client over
+    TLS, the batch client and raw gRPC, publishing or consuming: the topic holds what it held,
+    no subscription is made, nothing is delivered to her."""
+    topic = "/other/orders"
+    operator = signing.token("operator", roles=["ops"])
+    async with Producer(secure.url, topic, tls=secure.tls, token=operator) as producer:
+        assert await (await producer.send(b"operator's")) == 0
+    alice = signing.token("alice")
+    async with secure.clients(alice) as clients:
+        with pytest.raises(grpc.aio.AioRpcError) as produce:
+            await clients.producer(topic)
+        assert produce.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.aio.AioRpcError) as consume:
+            await clients.consumer(topic, "s", "c")
+        assert consume.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    async with Producer(secure.url, topic, tls=secure.tls, token=alice) as batch:
+        future = await batch.send(b"alice's")
+        with pytest.raises(PublishError) as published:
+            await future
+    assert published.value.code == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(ConsumeError) as consumed:
+        async with Consumer(secure.url, topic, "s", start="earliest", tls=secure.tls, token=alice):
+            pass
+    assert consumed.value.code == grpc.StatusCode.PERMISSION_DENIED
+    assert await stored_payloads(secure.store, topic) == [b"operator's"]
+    assert await records.list_subscriptions(topic) == []
+
+    # Nor may alice settle a message of the operator's subscription.
+    async with secure.clients(operator) as clients:
+        reader = await clients.consumer(topic, "ops", "reader")
+        producer = await clients.producer(topic, "p2")
+        await producer.send(b"second")
+        [m] = await reader.take(1)
+        async with secure.stubs(own_connection=True) as raw:
+            ack = pb.AckRequest(request_id=1, msg_id=m.msg_id, subscription_name="ops")
+            error = await rpc_error(raw.consumers.Ack(ack, metadata=bearer(alice)))
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert subscription(secure, "ops", topic).unacked == 1
+        await reader.ack_all([m])
+    assert await stored_payloads(secure.store, topic) == [b"operator's", b"second"]
+
+
 async def test_produce_only_principal_cannot_consume(
-    secure: Broker, records: Records, signing: Signing
+    secure: SecureBroker, records: Records, signing: Signing
 ) -> None:
     writer = signing.token("writer")
     topic = "/shop/events"
-    async with raw_stubs(secure.url) as raw:
+    async with secure.stubs() as raw:
         await raw.producers.CreateProducer(producer_request(topic), metadata=bearer(writer))
         error = await rpc_error(
             raw.consumers.Subscribe(consumer_request(topic), metadata=bearer(writer))
@@ -64,29 +108,29 @@ async def test_produce_only_principal_cannot_consume(
     assert "'writer' may not consume /shop/events" in (error.details() or "")
     assert await records.list_subscriptions(topic) == []
     with pytest.raises(ConsumeError) as refused:
-        async with Consumer(secure.url, topic, "batch", token=writer):
+        async with Consumer(secure.url, topic, "batch", tls=secure.tls, token=writer):
             pass
     assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
     assert await records.list_subscriptions(topic) == []
 
 
 async def test_batch_publish_to_a_forbidden_topic_stores_nothing(
-    secure: Broker, signing: Signing
+    secure: SecureBroker, signing: Signing
 ) -> None:
     writer = signing.token("writer")
-    async with Producer(secure.url, "/other/events", token=writer) as producer:
+    async with Producer(secure.url, "/other/events", tls=secure.tls, token=writer) as producer:
         future = await producer.send(b"not allowed")
         with pytest.raises(PublishError) as refused:
             await future
     assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
     assert not created(secure, "/other/events")
-    async with Producer(secure.url, "/shop/events", token=writer) as producer:
+    async with Producer(secure.url, "/shop/events", tls=secure.tls, token=writer) as producer:
         assert await (await producer.send(b"allowed")) == 0
 
 
-async def test_schema_admin_rpcs_need_admin(secure: Broker, signing: Signing) -> None:
+async def test_schema_admin_rpcs_need_admin(secure: SecureBroker, signing: Signing) -> None:
     request = schema_pb.SetCompatibilityModeRequest(subject="orders", compatibility_mode="full")
-    async with grpc.aio.insecure_channel(secure.url.removeprefix("http://")) as channel:
+    async with secure.channel() as channel:
         schema = schema_grpc.SchemaRegistryStub(channel)
         await schema.RegisterSchema(
             schema_pb.RegisterSchemaRequest(
