@@ -10,11 +10,13 @@ then reports, with counts and the first few examples of each:
   received at another offset than the one its producer was told (the slot holds something else);
 * **duplicated writes**: a write stored at more offsets than its unacknowledged attempts allow
   (one copy per acknowledged sequence, plus one per attempt that was not acknowledged and was
-  retried: the "unacknowledged window" of a producer);
+  retried, plus, for a client that resends internally (``Write.since``), one per fault during
+  the attempt: the "unacknowledged window" of a producer; copies within it are counted as
+  ``resent_copies``);
 * **duplicate deliveries**: an offset delivered again to a subscription after that subscription
-  acked it, with no fault in between (a redelivery after a fault is within the window: an ack
-  is persisted on the daemon's schedule, so one not yet persisted may be redelivered; those are
-  counted as ``redelivered_after_ack``, not as violations);
+  acked it, with no fault since its previous delivery (a redelivery after a fault is within the
+  window: an ack is persisted on the daemon's schedule, so one not yet persisted may be
+  redelivered; those are counted as ``redelivered_after_ack``, not as violations);
 * **non-monotonic** offsets: a consumer first receiving an offset below one it first received
   earlier (redeliveries of what it already had are exempt);
 * **skipped** offsets: holes in the offsets a subscription received, outside declared gaps;
@@ -58,6 +60,12 @@ class Write:
     """Whether the producer was told the message is durable."""
     offset: int | None = None
     """The offset the producer was told (``None``: the client does not say, or no ack)."""
+    since: int | None = None
+    """For a client that resends internally without idempotence (danube-client): when the
+    attempt began (``time.monotonic_ns()``). Each fault logged between then and the answer may
+    have stored one more copy (the answer of a stored copy was lost), so one more copy is
+    within the window. ``None``: the client does not resend on its own, or resends
+    idempotently (``danube_ingest.client``)."""
     t: int = 0
 
 
@@ -135,10 +143,18 @@ class History:
                 self._file.flush()
 
     def write(
-        self, topic: str, producer: str, sequence: int, *, acked: bool, offset: int | None = None
+        self,
+        topic: str,
+        producer: str,
+        sequence: int,
+        *,
+        acked: bool,
+        offset: int | None = None,
+        since: int | None = None,
     ) -> None:
-        """Log a publish attempt: ``acked`` if the producer was told it is durable."""
-        self._log(Write(topic, producer, sequence, acked, offset))
+        """Log a publish attempt: ``acked`` if the producer was told it is durable;
+        ``since`` (see ``Write.since``) for clients that resend internally."""
+        self._log(Write(topic, producer, sequence, acked, offset, since))
 
     def delivery(
         self, topic: str, subscription: str, consumer: str, offset: int, payload: bytes = b""
@@ -301,13 +317,15 @@ def check(
     for name in Report.VIOLATIONS:
         counts.setdefault(name, 0)
     counts.setdefault("redelivered_after_ack", 0)
+    counts.setdefault("resent_copies", 0)
 
     if subscriptions is None:
         checked = sorted({(d.topic, d.subscription) for d in deliveries})
     else:
         checked = sorted(set(subscriptions))
     _check_lost(report, writes, deliveries, checked)
-    _check_duplicated_writes(report, writes, deliveries)
+    faults = [e.t for e in events if isinstance(e, Fault)]
+    _check_duplicated_writes(report, writes, deliveries, faults)
     _check_subscriptions(report, events, allowed)
     _check_spans(report, manifest, "manifest", allowed)
     _check_spans(report, parquet_commits, "parquet", allowed)
@@ -362,7 +380,7 @@ def _check_lost(
 
 
 def _check_duplicated_writes(
-    report: Report, writes: Sequence[Write], deliveries: Sequence[Delivery]
+    report: Report, writes: Sequence[Write], deliveries: Sequence[Delivery], faults: Sequence[int]
 ) -> None:
     attempts: dict[tuple[str, str, int], list[Write]] = defaultdict(list)
     for w in writes:
@@ -374,7 +392,12 @@ def _check_duplicated_writes(
     for key, offsets in sorted(stored.items()):
         tries = attempts.get(key, [])
         allowed = sum(1 for w in tries if not w.acked) + (1 if any(w.acked for w in tries) else 0)
-        if len(offsets) > max(allowed, 1):
+        for w in tries:
+            if w.since is not None:
+                allowed += sum(1 for t in faults if w.since <= t <= w.t)
+        if 1 < len(offsets) <= allowed:
+            report.counts["resent_copies"] += len(offsets) - 1
+        elif len(offsets) > max(allowed, 1):
             topic, producer, sequence = key
             report._add(
                 "duplicated_writes",
@@ -386,7 +409,7 @@ def _check_duplicated_writes(
 def _check_subscriptions(
     report: Report, events: Sequence[Event], allowed: Mapping[str, list[tuple[int, int]]]
 ) -> None:
-    delivered: dict[tuple[str, str], set[int]] = defaultdict(set)
+    delivered: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)  # offset: last time
     acked_at: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)
     newest: dict[tuple[str, str, str], int] = {}
     last_fault = -1
@@ -398,10 +421,14 @@ def _check_subscriptions(
         elif isinstance(e, Delivery):
             sub = (e.topic, e.subscription)
             where = f"{e.topic} {e.subscription!r} consumer {e.consumer!r} offset {e.offset}"
-            if e.offset in delivered[sub]:
+            before = delivered[sub].get(e.offset)
+            delivered[sub][e.offset] = e.t
+            if before is not None:
                 acked = acked_at[sub].get(e.offset)
                 if acked is not None:
-                    if acked < last_fault:
+                    # A fault since the previous delivery: its ack may not have been persisted
+                    # (or was still on the way when the daemon died).
+                    if before < last_fault:
                         report.counts["redelivered_after_ack"] += 1
                     else:
                         report._add(
@@ -410,7 +437,6 @@ def _check_subscriptions(
                     # A redelivery restarts the offset's window: its next ack is awaited anew.
                     del acked_at[sub][e.offset]
                 continue
-            delivered[sub].add(e.offset)
             stream = (e.topic, e.subscription, e.consumer)
             previous = newest.get(stream)
             if previous is not None and e.offset < previous:

@@ -91,6 +91,22 @@ def test_a_write_stored_twice_is_a_duplicate_unless_an_attempt_was_unacknowledge
     assert check(retried).ok
 
 
+def test_an_internal_resend_may_store_a_copy_only_if_a_fault_came_during_it() -> None:
+    h = History()
+    h.write(T, "p", 0, acked=True, since=0)  # no fault during the attempt
+    h.delivery(T, "s", "c", 0, message_id("p", 0))
+    h.delivery(T, "s", "c", 1, message_id("p", 0))
+    assert check(h)["duplicated_writes"] == 1
+
+    crashed = History()
+    crashed.fault("sigkill")
+    crashed.write(T, "p", 0, acked=True, since=crashed.events[0].t - 1)  # began before it
+    crashed.delivery(T, "s", "c", 0, message_id("p", 0))
+    crashed.delivery(T, "s", "c", 1, message_id("p", 0))
+    report = check(crashed)
+    assert report.ok and report["resent_copies"] == 1
+
+
 def test_redelivery_after_an_ack_is_a_duplicate_unless_a_fault_came_between() -> None:
     h = clean(3)
     h.delivery(T, "s", "c", 1, message_id("p", 1))
@@ -103,6 +119,20 @@ def test_redelivery_after_an_ack_is_a_duplicate_unless_a_fault_came_between() ->
     crashed.delivery(T, "s", "c", 1, message_id("p", 1))
     report = check(crashed)
     assert report.ok and report["redelivered_after_ack"] == 1
+
+    # The ack was answered only after the fault (the dying daemon answered it): still within.
+    late = History()
+    late.write(T, "p", 0, acked=True, offset=0)
+    late.delivery(T, "s", "c", 0, message_id("p", 0))
+    late.fault("sigkill")
+    late.ack(T, "s", "c", 0)
+    late.delivery(T, "s", "c", 0, message_id("p", 0))
+    assert check(late).ok
+
+    # A second redelivery with no fault since the first is not.
+    late.ack(T, "s", "c", 0)
+    late.delivery(T, "s", "c", 0, message_id("p", 0))
+    assert check(late)["duplicate_deliveries"] == 1
 
 
 def test_redelivery_of_an_unacked_offset_is_within_the_window() -> None:
