@@ -90,6 +90,7 @@ class Load:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._close: list[Any] = []
+        self._producer: Producer | None = None
 
     async def start(self) -> None:
         run = self._run_danube if self.kind == "danube" else self._run_batch
@@ -112,6 +113,13 @@ class Load:
         while self.acked < n:
             if self._task is not None and self._task.done():
                 self._task.result()
+            # The batch producer's own loop (private): if it died, nothing more is acknowledged;
+            # fail now, with its error, rather than at the deadline.
+            runner = getattr(self._producer, "_runner", None)
+            if runner is not None and runner.done() and not runner.cancelled():
+                error = runner.exception()
+                if error is not None:
+                    raise AssertionError(f"batch producer {self.name} died: {error!r}") from error
             assert time.monotonic() < deadline, (
                 f"{self.kind} load {self.name}: {self.acked} of {n} acknowledged in {timeout}s"
             )
@@ -156,6 +164,7 @@ class Load:
             self.url, self.topic, producer_name=self.name, linger_ms=1, max_backoff_ms=200
         )
         await producer.start()
+        self._producer = producer
         self._close.append(producer.close)
         window = asyncio.Semaphore(BATCH_WINDOW)
         pending: set[asyncio.Future[int]] = set()
@@ -411,23 +420,28 @@ async def kill_cycles(
 
 
 async def read_all(
-    kind: Kind, url: str, topic: str, history: History, readers: Sequence[Reader]
+    kind: Kind,
+    url: str,
+    topic: str,
+    history: History,
+    readers: Sequence[Reader],
+    timeout: float = 60.0,
 ) -> None:
-    """Stop nothing; wait until each of ``readers`` (live) and a fresh reader of the
-    ``audit`` subscription (created at the start, never read before) received as many distinct
-    offsets as messages were acknowledged, and nothing more arrives."""
+    """Wait until each of ``readers`` (live) and a fresh reader of the ``audit`` subscription
+    (created at the start, never read before) received as many distinct offsets as messages
+    were acknowledged (at most ``timeout`` seconds each: what is missing then is for the
+    history checker to name), and nothing more arrives; closes them."""
     total = acked_count(history, topic)
-    for reader in readers:
-        await reader.wait_count(total)
-        await reader.settle(quiet=0.5)
-        await reader.close()
     audit = Reader(kind, url, topic, "audit", history, name="audit")
-    await audit.start()
-    try:
-        await audit.wait_count(total)
-        await audit.settle(quiet=0.5)
-    finally:
-        await audit.close()
+    for reader in [*readers, audit]:
+        if reader is audit:
+            await audit.start()
+        try:
+            with contextlib.suppress(AssertionError):
+                await reader.wait_count(total, timeout=timeout)
+            await reader.settle(quiet=0.5)
+        finally:
+            await reader.close()
 
 
 def summary(recoveries: Sequence[float]) -> dict[str, float]:
