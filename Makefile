@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup dev test lint typecheck unit bench clean redis-server
+.PHONY: setup dev test lint typecheck unit bench clean redis-server libfaketime
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ redis-server:
 		&& apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; } \
 		|| { echo "redis-server is needed (the tests start one): apt-get install redis-server" >&2; exit 1; }
 
+## libfaketime (Debian's package): the wall-clock-jump fault test runs the daemon under it.
+libfaketime:
+	@test -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 || { [ "$$(id -u)" = 0 ] \
+		&& command -v apt-get >/dev/null && apt-get update -qq \
+		&& apt-get install -y -qq libfaketime >/dev/null; } \
+		|| { echo "libfaketime is needed (a fault test uses it): apt-get install libfaketime" >&2; exit 1; }
+
 ## The whole system on embedded defaults: local etcd, broker on 127.0.0.1:6650, data under ./data.
 ## Options go through ARGS, e.g. make dev ARGS="--dagster-port 3001" (danube-ingest dev --help).
 dev: setup
@@ -35,7 +42,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-unit: setup redis-server
+unit: setup redis-server libfaketime
 	$(BIN)/pytest -q -p no:cacheprovider
 
 ## The full test suite, as CI runs it: lint, type check, every test (real etcd, s3, Spark...).

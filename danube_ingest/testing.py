@@ -32,6 +32,37 @@ from danube_ingest.metadata.errors import EtcdServerError
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.etcd_security import EtcdSecurity
 from danube_ingest.metadata.server import EtcdServer, EtcdServerTls
+from danube_ingest.testing_history import (  # the history checker, shipped with the fixtures
+    History,
+    Report,
+    Span,
+    assert_history_ok,
+    check,
+    manifest_spans,
+    message_id,
+    parse_message_id,
+)
+
+__all__ = [
+    "BrokerProcess",
+    "History",
+    "LocalEtcd",
+    "MotoServer",
+    "Report",
+    "Span",
+    "assert_history_ok",
+    "broker_config",
+    "check",
+    "fill_filesystem",
+    "find_moto_server",
+    "free_port",
+    "local_etcd",
+    "manifest_spans",
+    "message_id",
+    "parse_message_id",
+    "running_broker",
+    "small_filesystem",
+]
 
 #: Tries with fresh ports when a port handed out by ``free_port`` was taken in between.
 _START_ATTEMPTS = 3

@@ -78,6 +78,7 @@ from danube_ingest.wal.meta import ProducerBatch, Snapshot, TopicMeta, fsync_dir
 from danube_ingest.wal.recovery import RegionState, recover_region
 from danube_ingest.wal.segment import segment_path
 from danube_ingest.wal.space import DiskFree, disk_free
+from danube_ingest.wal.synclog import open_sync_log
 
 log = logging.getLogger(__name__)
 
@@ -1088,6 +1089,8 @@ class _FileBackend:
         self._read_fds: dict[int, int] = {}
         self._spare: Future[int | None] | None = None
         self._spare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal-spare")
+        # Fault tests only (DANUBE_TEST_SYNC_LOG): the synced length of each segment.
+        self._sync_log = open_sync_log()
 
     def start(self, log: RegionLog) -> None:
         self._log = log
@@ -1227,6 +1230,10 @@ class _FileBackend:
                     synced = time.monotonic()
                     os.fdatasync(self._fd)
                     WAL_FSYNC_SECONDS.observe(time.monotonic() - synced)
+                    if self._sync_log is not None:
+                        self._sync_log.synced(
+                            segment_path(self._dir, self._active), self._active_size
+                        )
             except BaseException as exc:
                 self._die(exc, group)
                 break
@@ -1243,6 +1250,8 @@ class _FileBackend:
         sealed = None
         if self._fd >= 0:
             os.fdatasync(self._fd)
+            if self._sync_log is not None:
+                self._sync_log.synced(segment_path(self._dir, self._active), self._active_size)
             self._release_reserve()
             os.close(self._fd)
             sealed = (self._active, self._active_size)
@@ -1313,9 +1322,14 @@ class _FileBackend:
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.fdatasync(self._fd)
+                if self._sync_log is not None:
+                    self._sync_log.synced(segment_path(self._dir, self._active), self._active_size)
             self._release_reserve()
             os.close(self._fd)
             self._fd = -1
+        if self._sync_log is not None:
+            self._sync_log.close()
+            self._sync_log = None
         spare, self._spare = self._spare, None
         if spare is not None:
             seq = _spare_seq(spare)

@@ -1,0 +1,453 @@
+"""The fault harness: load drivers that log into a ``History``, per client kind.
+
+* ``Load`` publishes numbered messages (``message_id`` payloads) from one producer, through
+  danube-client (``"danube"``: one ``send`` at a time, a failed one retried with the same
+  sequence and logged as an unacknowledged attempt) or ``danube_ingest.client``
+  (``"batch"``: pipelined sends, idempotent resends inside the client; each message logged
+  once, acknowledged with its offset or not).
+* ``Reader`` receives from a subscription through either client and logs every delivery and
+  ack; ``drain`` reads until a count is reached or nothing new arrives.
+* ``record`` prints a scenario's figures and appends them to ``$DANUBE_FAULT_FIGURES`` (JSON
+  lines) when set: the source of docs/reliability.md's table.
+
+The daemons are real child processes (``BrokerProcess``); nothing of ours is mocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import grpc
+import pytest
+from danube import (
+    ConsumerOptions,
+    DanubeClientBuilder,
+    DispatchStrategy,
+    ProducerOptions,
+    SubType,
+)
+
+from danube_ingest.client import Batch, ConsumeError, Consumer, Producer
+from danube_ingest.testing import BrokerProcess, History, Report, message_id
+from danube_ingest.testing_history import Write
+from danube_ingest.wal.framing import Entry
+
+Kind = Literal["danube", "batch"]
+KINDS: tuple[Kind, ...] = ("danube", "batch")
+
+#: The batch client does not survive repeated daemon kills yet (found by these scenarios,
+#: 2026-11-24; danube_ingest/client is not this harness's to change): ``Producer._run`` dies
+#: on ``asyncio.InvalidStateError("RPC already finished")`` from ``call.write`` on a stream the
+#: daemon's death ended (it catches only AioRpcError / ConnectionError), after which nothing
+#: more is published; and ``Consumer`` ends with ``ConsumeError(INTERNAL, "Internal error from
+#: Core")``, a status it does not reconnect on. Scenarios that kill the daemon under batch load
+#: run the batch variant as a strict xfail until both are fixed.
+BATCH_SURVIVES_KILLS = pytest.mark.xfail(
+    strict=True,
+    reason="batch client: Producer._run dies on InvalidStateError after a daemon kill, and "
+    "Consumer gives up on INTERNAL 'Internal error from Core' (see tests/faults/harness.py)",
+)
+KILLED_KINDS = ["danube", pytest.param("batch", marks=BATCH_SURVIVES_KILLS)]
+
+#: danube-client's retry budget for outages (see RETRY_BUDGET in tests/broker/test_restart.py:
+#: the default 1.5-3 s of retries does not bridge a daemon restart).
+RETRY_BUDGET = {"max_retries": 120, "base_backoff_ms": 100, "max_backoff_ms": 500}
+#: Messages a batch load keeps unanswered at most: enough to have many in flight at a kill.
+BATCH_WINDOW = 200
+
+
+async def _danube_client(url: str) -> Any:
+    return await DanubeClientBuilder().service_url(url).build()
+
+
+async def _close_danube(client: Any) -> None:
+    # danube-client has no close(); its channels live in the connection manager.
+    for connection in list(client.connection_manager._connections.values()):
+        with contextlib.suppress(Exception):
+            await connection.channel.close()
+
+
+class Load:
+    """One producer publishing ``topic`` in a background task until ``stop``; every attempt is
+    logged into ``history``. ``acked`` counts acknowledged messages (for pacing a test)."""
+
+    def __init__(self, kind: Kind, url: str, topic: str, history: History, name: str) -> None:
+        self.kind = kind
+        self.url = url
+        self.topic = topic
+        self.history = history
+        self.name = name
+        self.acked = 0
+        self.sent = 0
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._close: list[Any] = []
+        self._producer: Producer | None = None
+
+    async def start(self) -> None:
+        run = self._run_danube if self.kind == "danube" else self._run_batch
+        self._task = asyncio.get_running_loop().create_task(run())
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop sending; wait (up to ``timeout``) for the answers of what was sent."""
+        self._stopping = True
+        assert self._task is not None
+        try:
+            await asyncio.wait_for(self._task, timeout)
+        finally:
+            for close in self._close:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(close(), 10)
+
+    async def wait_acked(self, n: int, timeout: float = 30.0) -> None:
+        """Wait until ``n`` messages were acknowledged in all."""
+        deadline = time.monotonic() + timeout
+        while self.acked < n:
+            if self._task is not None and self._task.done():
+                self._task.result()
+            # The batch producer's own loop (private): if it died, nothing more is acknowledged;
+            # fail now, with its error, rather than at the deadline.
+            runner = getattr(self._producer, "_runner", None)
+            if runner is not None and runner.done() and not runner.cancelled():
+                error = runner.exception()
+                if error is not None:
+                    raise AssertionError(f"batch producer {self.name} died: {error!r}") from error
+            assert time.monotonic() < deadline, (
+                f"{self.kind} load {self.name}: {self.acked} of {n} acknowledged in {timeout}s"
+            )
+            await asyncio.sleep(0.02)
+
+    async def _run_danube(self) -> None:
+        client = await _danube_client(self.url)
+        self._close.append(lambda: _close_danube(client))
+        producer = (
+            client.new_producer()
+            .with_topic(self.topic)
+            .with_name(self.name)
+            .with_dispatch_strategy(DispatchStrategy.RELIABLE)
+            .with_options(ProducerOptions(**RETRY_BUDGET))
+            .build()
+        )
+        while not self._stopping:
+            try:
+                await producer.create()
+                break
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.1)
+        sequence = 0
+        while not self._stopping:
+            self.sent += 1
+            # danube-client resends on its own (no idempotence in Danube's protocol): a fault
+            # during the call may store the message twice; ``since`` opens that window.
+            since = time.monotonic_ns()
+            try:
+                await producer.send(message_id(self.name, sequence), {})
+            except Exception:  # the daemon went away mid-send: unknown, so retried
+                self.history.write(self.topic, self.name, sequence, acked=False, since=since)
+                await asyncio.sleep(0.05)
+                continue
+            self.history.write(self.topic, self.name, sequence, acked=True, since=since)
+            self.acked += 1
+            sequence += 1
+        self._close.insert(0, producer.close)
+
+    async def _run_batch(self) -> None:
+        producer = Producer(
+            self.url, self.topic, producer_name=self.name, linger_ms=1, max_backoff_ms=200
+        )
+        await producer.start()
+        self._producer = producer
+        self._close.append(producer.close)
+        window = asyncio.Semaphore(BATCH_WINDOW)
+        pending: set[asyncio.Future[int]] = set()
+        sequence = 0
+        while not self._stopping:
+            await window.acquire()
+            if self._stopping:
+                break
+            future = await producer.send(message_id(self.name, sequence))
+            self.sent += 1
+            pending.add(future)
+            future.add_done_callback(self._answered(sequence, window, pending))
+            sequence += 1
+        if pending:
+            await asyncio.wait(pending)
+
+    def _answered(
+        self, sequence: int, window: asyncio.Semaphore, pending: set[asyncio.Future[int]]
+    ) -> Any:
+        def done(future: asyncio.Future[int]) -> None:
+            pending.discard(future)
+            window.release()
+            if future.cancelled() or future.exception() is not None:
+                self.history.write(self.topic, self.name, sequence, acked=False)
+                return
+            self.history.write(self.topic, self.name, sequence, acked=True, offset=future.result())
+            self.acked += 1
+
+        return done
+
+
+class Reader:
+    """One consumer of ``subscription`` (Exclusive), logging every delivery and ack into
+    ``history``; acks each message as it arrives unless ``ack=False``. Reconnects across
+    daemon restarts (both clients' own reconnect logic). ``ack_limit``: ack only the first
+    that many messages, then none."""
+
+    def __init__(
+        self,
+        kind: Kind,
+        url: str,
+        topic: str,
+        subscription: str,
+        history: History,
+        *,
+        name: str = "c1",
+        ack: bool = True,
+        ack_limit: int | None = None,
+    ) -> None:
+        self.kind = kind
+        self.url = url
+        self.topic = topic
+        self.subscription = subscription
+        self.history = history
+        self.name = name
+        self.ack = ack
+        self.ack_limit = ack_limit
+        self.acks = 0
+        self.offsets: set[int] = set()
+        self.received = 0
+        self._task: asyncio.Task[None] | None = None
+        self._client: Any = None
+        self._consumer: Any = None
+        self.error: BaseException | None = None
+
+    async def start(self) -> None:
+        """Subscribe (creating the subscription at the topic's end if it is new)."""
+        if self.kind == "danube":
+            self._client = await _danube_client(self.url)
+            consumer = (
+                self._client.new_consumer()
+                .with_topic(self.topic)
+                .with_consumer_name(self.name)
+                .with_subscription(self.subscription)
+                .with_subscription_type(SubType.EXCLUSIVE)
+                .with_options(ConsumerOptions(**RETRY_BUDGET))
+                .build()
+            )
+            await consumer.subscribe()
+            self._consumer = consumer
+            queue = await consumer.receive()
+            self._task = asyncio.get_running_loop().create_task(self._run_danube(queue))
+        else:
+            consumer = Consumer(
+                self.url,
+                self.topic,
+                self.subscription,
+                consumer_name=self.name,
+                max_backoff_ms=200,
+                reconnect_timeout_s=120,
+            )
+            await consumer.start()
+            self._consumer = consumer
+            self._task = asyncio.get_running_loop().create_task(self._run_batch(consumer))
+
+    def _delivered(self, offset: int, payload: bytes) -> None:
+        self.history.delivery(self.topic, self.subscription, self.name, offset, payload)
+        self.offsets.add(offset)
+        self.received += 1
+
+    async def _run_danube(self, queue: asyncio.Queue[Any]) -> None:
+        while True:
+            message = await queue.get()
+            offset = message.msg_id.topic_offset
+            self._delivered(offset, message.payload)
+            if self._acking():
+                try:
+                    await self._consumer.ack(message)
+                except Exception:  # the daemon went away: not acked, comes again
+                    continue
+                self.history.ack(self.topic, self.subscription, self.name, offset)
+                self.acks += 1
+
+    async def _run_batch(self, consumer: Consumer) -> None:
+        try:
+            async for batch in consumer:
+                for entry in batch.entries:
+                    self._delivered(entry.offset, entry.payload)
+                if self._acking():
+                    room = len(batch.entries)
+                    if self.ack_limit is not None:
+                        room = self.ack_limit - self.acks
+                    self._ack_batch(consumer, batch.entries[:room])
+        except ConsumeError as exc:
+            self.error = exc
+
+    def _acking(self) -> bool:
+        return self.ack and (self.ack_limit is None or self.acks < self.ack_limit)
+
+    def _ack_batch(self, consumer: Consumer, entries: list[Entry]) -> None:
+        consumer.ack(Batch(self.topic, entries))
+        for entry in entries:
+            self.history.ack(self.topic, self.subscription, self.name, entry.offset)
+        self.acks += len(entries)
+
+    def _check_alive(self) -> None:
+        if self._task is not None and self._task.done():
+            self._task.result()
+            raise AssertionError(f"{self.kind} reader {self.name} stopped: {self.error!r}")
+
+    async def wait_for(self, offsets: set[int], timeout: float = 60.0) -> None:
+        """Wait until every offset in ``offsets`` was delivered (fails naming the missing)."""
+        deadline = time.monotonic() + timeout
+        while not offsets <= self.offsets:
+            self._check_alive()
+            if time.monotonic() > deadline:
+                missing = sorted(offsets - self.offsets)
+                raise AssertionError(
+                    f"{self.kind} reader {self.subscription}/{self.name}: {len(missing)} "
+                    f"offsets not delivered in {timeout}s, first {missing[:10]}"
+                )
+            await asyncio.sleep(0.05)
+
+    async def wait_count(self, n: int, timeout: float = 60.0) -> None:
+        """Wait until ``n`` distinct offsets were delivered."""
+        deadline = time.monotonic() + timeout
+        while len(self.offsets) < n:
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{self.kind} reader {self.subscription}/{self.name}: "
+                    f"{len(self.offsets)} of {n} offsets delivered in {timeout}s"
+                )
+            await asyncio.sleep(0.05)
+
+    async def settle(self, quiet: float = 1.0, timeout: float = 30.0) -> None:
+        """Wait until nothing new arrived for ``quiet`` seconds."""
+        deadline = time.monotonic() + timeout
+        seen = -1
+        while seen != self.received and time.monotonic() < deadline:
+            seen = self.received
+            await asyncio.sleep(quiet)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._consumer.close(), 10)
+        if self._client is not None:
+            await _close_danube(self._client)
+
+
+def acked_offsets(history: History, topic: str) -> set[int]:
+    """The offsets batch producers were told for acknowledged writes of ``topic``."""
+    return {
+        e.offset
+        for e in history.events
+        if isinstance(e, Write) and e.topic == topic and e.acked and e.offset is not None
+    }
+
+
+def acked_count(history: History, topic: str) -> int:
+    """How many distinct messages of ``topic`` were acknowledged."""
+    return len(
+        {
+            (e.producer, e.sequence)
+            for e in history.events
+            if isinstance(e, Write) and e.topic == topic and e.acked
+        }
+    )
+
+
+def record(scenario: str, kind: str, report: Report, **figures: Any) -> None:
+    """Print a scenario's figures; append them to ``$DANUBE_FAULT_FIGURES`` if set."""
+    row = {
+        "scenario": scenario,
+        "client": kind,
+        "messages": report["acked_writes"],
+        "deliveries": report["deliveries"],
+        "lost": report["lost"],
+        "duplicated": report["duplicated_writes"] + report["duplicate_deliveries"],
+        "redelivered_after_ack": report["redelivered_after_ack"],
+        **figures,
+    }
+    print("fault figures", json.dumps(row))
+    target = os.environ.get("DANUBE_FAULT_FIGURES")
+    if target:
+        with Path(target).open("a") as out:
+            out.write(json.dumps(row) + "\n")
+
+
+async def kill_cycles(
+    broker: BrokerProcess,
+    load: Load,
+    history: History,
+    cycles: int,
+    *,
+    per_cycle: int = 20,
+    seed: int = 15,
+    while_down: Callable[[], None] | None = None,
+    what: str = "sigkill",
+) -> list[float]:
+    """``cycles`` times: wait until ``per_cycle`` more messages are acknowledged, SIGKILL the
+    daemon a random moment (0-20 ms) later, run ``while_down`` (e.g. cut files back), restart
+    it. Returns the seconds from each kill to the next acknowledged message."""
+    rng = random.Random(seed)
+    recoveries: list[float] = []
+    for cycle in range(cycles):
+        await load.wait_acked(load.acked + per_cycle)
+        await asyncio.sleep(rng.uniform(0, 0.02))
+        history.fault(what, f"cycle {cycle}")
+        broker.kill()
+        killed = time.monotonic()
+        if while_down is not None:
+            while_down()
+        await asyncio.to_thread(broker.start)
+        await load.wait_acked(load.acked + 1)
+        recoveries.append(time.monotonic() - killed)
+    return recoveries
+
+
+async def read_all(
+    kind: Kind,
+    url: str,
+    topic: str,
+    history: History,
+    readers: Sequence[Reader],
+    timeout: float = 60.0,
+) -> None:
+    """Wait until each of ``readers`` (live) and a fresh reader of the ``audit`` subscription
+    (created at the start, never read before) received as many distinct offsets as messages
+    were acknowledged (at most ``timeout`` seconds each: what is missing then is for the
+    history checker to name), and nothing more arrives; closes them."""
+    total = acked_count(history, topic)
+    audit = Reader(kind, url, topic, "audit", history, name="audit")
+    for reader in [*readers, audit]:
+        if reader is audit:
+            await audit.start()
+        try:
+            with contextlib.suppress(AssertionError):
+                await reader.wait_count(total, timeout=timeout)
+            await reader.settle(quiet=0.5)
+        finally:
+            await reader.close()
+
+
+def summary(recoveries: Sequence[float]) -> dict[str, float]:
+    """Time-to-recover figures (seconds) for ``record``."""
+    ordered = sorted(recoveries)
+    return {
+        "recover_s_median": round(ordered[len(ordered) // 2], 2) if ordered else 0.0,
+        "recover_s_max": round(ordered[-1], 2) if ordered else 0.0,
+    }

@@ -1,0 +1,95 @@
+"""Loss of unsynced data and torn tails: after each SIGKILL every WAL segment is cut back to
+somewhere between the length the daemon last fdatasync'ed (recorded by the WAL's
+``DANUBE_TEST_SYNC_LOG`` hook) and its length: what a power cut could leave (unsynced page
+cache gone, or partly written, tearing a frame). Nothing acknowledged may be lost (an
+acknowledgement must never precede the sync of what it acknowledges) and recovery must cut a
+torn frame rather than fail or serve it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from danube_ingest.testing import History, assert_history_ok
+from danube_ingest.wal.synclog import ENV, read_synced
+from tests.broker.test_both_clients import create_topic
+
+from .conftest import BrokerFactory
+from .harness import KILLED_KINDS, Kind, Load, Reader, kill_cycles, read_all, record, summary
+
+pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
+
+TOPIC = "/default/unsynced"
+CYCLES = int(os.environ.get("DANUBE_FAULT_UNSYNCED_CYCLES", "8"))
+
+
+def cut_unsynced(wal_dir: Path, sync_log: Path, rng: random.Random) -> int:
+    """Cut every segment under ``wal_dir`` to a random length from its last synced length (a
+    segment never synced: 0) to its size: half the time exactly to the synced length, else
+    anywhere in the unsynced bytes (a torn tail). Returns how many bytes were cut."""
+    synced = read_synced(sync_log) if sync_log.exists() else {}
+    cut = 0
+    for segment in wal_dir.rglob("*.wal"):
+        size = segment.stat().st_size
+        keep = synced.get(segment, 0)
+        if size > keep and rng.random() < 0.5:
+            keep = rng.randrange(keep, size)
+        if size > keep:
+            os.truncate(segment, keep)
+            cut += size - keep
+    return cut
+
+
+@pytest.mark.parametrize("kind", KILLED_KINDS)
+@pytest.mark.timeout(180)
+async def test_unsynced_bytes_lost_after_a_kill_lose_nothing_acknowledged(
+    brokers: BrokerFactory,
+    history: History,
+    kind: Kind,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sync_log = tmp_path / "synced.log"
+    monkeypatch.setenv(ENV, str(sync_log))  # inherited by the broker process
+    broker = brokers()
+    await asyncio.to_thread(broker.start)
+    await create_topic(broker.url, TOPIC)
+    audit = Reader(kind, broker.url, TOPIC, "audit", history, name="audit")
+    await audit.start()
+    await audit.close()
+    live = Reader(kind, broker.url, TOPIC, "live", history)
+    await live.start()
+    load = Load(kind, broker.url, TOPIC, history, "p1")
+    await load.start()
+    started = time.monotonic()
+    cut: list[int] = []
+    rng = random.Random(7)
+    try:
+        recoveries = await kill_cycles(
+            broker,
+            load,
+            history,
+            CYCLES,
+            what="sigkill+cut-unsynced",
+            while_down=lambda: cut.append(cut_unsynced(broker.data_dir / "wal", sync_log, rng)),
+        )
+        await load.stop()
+        await read_all(kind, broker.url, TOPIC, history, [live])
+    finally:
+        await live.close()
+    report = assert_history_ok(history, subscriptions=[(TOPIC, "live"), (TOPIC, "audit")])
+    assert sync_log.stat().st_size > 0, "the WAL recorded no sync: the hook is not working"
+    record(
+        "unsynced-data-lost",
+        kind,
+        report,
+        cycles=CYCLES,
+        bytes_cut=sum(cut),
+        seconds=round(time.monotonic() - started, 1),
+        **summary(recoveries),
+    )
