@@ -5,7 +5,12 @@ ranges. See docs/design/batch_protocol.md for the wire format and guarantees.
 """
 
 from danube_ingest.client._consumer import Batch, Consumer, SubType, decode_batch
-from danube_ingest.client._errors import ClientError, ConsumeError, PublishError
+from danube_ingest.client._errors import (
+    ClientError,
+    ConsumeError,
+    DeliveryTimeoutError,
+    PublishError,
+)
 from danube_ingest.client._producer import Compression, Producer, new_producer_id, target
 
 __all__ = [
@@ -14,6 +19,7 @@ __all__ = [
     "Compression",
     "ConsumeError",
     "Consumer",
+    "DeliveryTimeoutError",
     "Producer",
     "PublishError",
     "SubType",
