@@ -254,12 +254,18 @@ class Producer:
         await self._reserve(len(payloads))
         self._seal()
         when = int(time.time() * 1000) if publish_ms is None else publish_ms
-        cuts = self._cut(payloads)
+        lengths = set(map(len, payloads))
+        same = next(iter(lengths)) if len(lengths) == 1 else None
+        cuts = self._cut(payloads, same)
         group = _Group(len(cuts) - 1)
         for slot in range(len(cuts) - 1):
             chunk = payloads[cuts[slot] : cuts[slot + 1]]
             block, sizes = encode_payloads(
-                chunk, publish_ms=when, producer_name=self.producer_name, routing_key=routing_key
+                chunk,
+                publish_ms=when,
+                producer_name=self.producer_name,
+                routing_key=routing_key,
+                payload_len=same,
             )
             batch = _Batch(self._next_index, len(chunk), [], group, slot)
             self._next_index += 1
@@ -267,12 +273,11 @@ class Producer:
         self._idle.clear()
         return group.future
 
-    def _cut(self, payloads: Sequence[bytes]) -> list[int]:
-        """Where ``payloads`` is cut into batches: [0, ..., len(payloads)]."""
+    def _cut(self, payloads: Sequence[bytes], size: int | None) -> list[int]:
+        """Where ``payloads`` is cut into batches: [0, ..., len(payloads)]. ``size``: the
+        length of every payload, if they all have one."""
         total = len(payloads)
-        lengths = set(map(len, payloads))
-        if len(lengths) == 1:
-            (size,) = lengths
+        if size is not None:
             step = max(1, min(self._max_messages, self._max_bytes // max(size, 1)))
             return [*range(0, total, step), total]
         cuts = [0]
