@@ -66,8 +66,6 @@ _COUNTS_AT = ENTRY_DTYPE.fields["name_len"][1]  # type: ignore[index]
 _ATTR_COUNT_AT = ENTRY_DTYPE.fields["attr_count"][1]  # type: ignore[index]
 _PAYLOAD_LEN_AT = ENTRY_DTYPE.fields["payload_len"][1]  # type: ignore[index]
 _INGEST_AT = 0
-_PUBLISH_AT = ENTRY_DTYPE.fields["publish_ms"][1]  # type: ignore[index]
-_FLAGS_AT = ENTRY_DTYPE.fields["flags"][1]  # type: ignore[index]
 _PRODUCER_AT = 16
 _REQUEST_AT = _PRODUCER_AT + 8
 _KNOWN_FLAGS = 1 | 2
@@ -340,13 +338,6 @@ def check_block(
     starts = np.cumsum(sizes) - sizes
     arr = np.frombuffer(block, dtype=np.uint8)
     rows = _rows(arr, starts)
-    if rows is not None and count > 1 and _same_as_first(rows):
-        # Every entry equals the first in every byte checked below, so each gets the first
-        # one's verdict: checking the first alone refuses (naming entry 0, as the full check
-        # would: it is the first failing entry of every check) or accepts exactly as the full
-        # check does.
-        check_block(bytearray(rows[0].tobytes()), sizes_table[:4], 1, limits)
-        return EntryBlock(block, starts)
     if rows is not None:
         raw = np.ascontiguousarray(rows[:, :ENTRY_HEADER_SIZE])
     else:
@@ -432,23 +423,6 @@ def _rows(
     if count > 1 and not (np.diff(starts) == size).all():
         return None
     return arr.reshape(count, size)
-
-
-def _same_as_first(rows: npt.NDArray[np.uint8]) -> bool:
-    """Whether every row (entry) of a uniform block equals the first in all that
-    :func:`check_block` looks at: ``publish_ms``, the header from ``flags`` on, the producer
-    name and routing key; and the first has no attributes (they, in the body, are not
-    compared). ``send_many`` batches (one name, key and publish time) are such blocks."""
-    first = rows[0]
-    if first[_ATTR_COUNT_AT] or first[_ATTR_COUNT_AT + 1]:
-        return False
-    text = int.from_bytes(first[_COUNTS_AT : _COUNTS_AT + 4].tobytes(), "little")
-    text = (text & 0xFFFF) + (text >> 16)  # name_len + key_len
-    checked_to = min(ENTRY_HEADER_SIZE + text, rows.shape[1])
-    return bool(
-        (rows[:, _PUBLISH_AT : _PUBLISH_AT + 8] == first[_PUBLISH_AT : _PUBLISH_AT + 8]).all()
-        and (rows[:, _FLAGS_AT:checked_to] == first[_FLAGS_AT:checked_to]).all()
-    )
 
 
 def _first(bad: npt.NDArray[np.bool_], why: Callable[[int], str]) -> None:

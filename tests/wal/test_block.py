@@ -329,9 +329,9 @@ def test_encode_payloads_refuses_nothing_and_overlong_names() -> None:
 def test_equal_entries_broken_alike_are_refused_as_the_first_alone(
     at: int, value: int, needle: str
 ) -> None:
-    """A block of equal entries (what ``send_many`` sends) is checked through its first entry;
-    broken the same way in every entry, it is refused with what the first alone gets (entry 0),
-    and one entry broken differently still takes the full check, naming that entry."""
+    """A block of equal entries (what ``send_many`` sends) broken the same way in every entry
+    is refused with what its first entry alone gets (naming entry 0); with one entry broken,
+    the refusal names that entry."""
     payloads = [b"x" * 20] * 30
     block, sizes = encode_payloads(payloads, publish_ms=5, producer_name="pé", routing_key="k")
     assert check_block(bytearray(block), sizes, 30, LIMITS).count == 30
