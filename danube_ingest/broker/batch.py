@@ -6,7 +6,9 @@ request is checked whole before anything is stored or an offset used: the CRC32C
 ``limits`` (the danube-client path's limits). Batches of a stream are staged in the order they
 arrive; each is answered once durable, or with an error code for that batch alone (the stream
 goes on). At most ``PUBLISH_IN_FLIGHT`` batches of a stream wait for durability at once; the
-stream is not read further meanwhile (gRPC flow control then holds the client back).
+stream is not read further meanwhile (gRPC flow control then holds the client back). At most
+``limits.max_publish_streams`` Publish streams are served at once: one more ends at once with
+RESOURCE_EXHAUSTED (``LimitExceededError``), before any of its batches is read.
 
 ``Consume``: a ``Subscribe`` first, then range acks; the daemon sends batches of deliveries
 (the subscription's dispatch: the same semantics as danube-client consumers) as entry blocks
@@ -39,7 +41,7 @@ import numpy as np
 import zstandard
 from crc32c import crc32c
 
-from danube_ingest.broker.errors import InvalidRequestError
+from danube_ingest.broker.errors import InvalidRequestError, LimitExceededError
 from danube_ingest.broker.services import MAX_DETAILS, status_for
 from danube_ingest.broker.start import StartPosition
 from danube_ingest.broker.topics import TopicManager
@@ -143,6 +145,7 @@ class IngestService(pb_grpc.IngestServiceServicer):
     def __init__(self, manager: TopicManager, guard: Guard) -> None:
         self._manager = manager
         self._guard = guard
+        self._publish_streams = 0
 
     async def Publish(
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
@@ -152,6 +155,26 @@ class IngestService(pb_grpc.IngestServiceServicer):
         except Exception as exc:
             await _abort(context, exc)
             raise
+        limit = self._manager.limits.max_publish_streams
+        if self._publish_streams >= limit:
+            await _abort(
+                context,
+                LimitExceededError(
+                    f"{self._publish_streams} Publish streams are open, the most this broker "
+                    f"serves (limits.max_publish_streams={limit}); retry later with backoff "
+                    "(danube_ingest.client.Producer does), or raise the limit"
+                ),
+            )
+        self._publish_streams += 1
+        try:
+            async for answer in self._publish(request_iterator, caller):
+                yield answer
+        finally:
+            self._publish_streams -= 1
+
+    async def _publish(
+        self, request_iterator: AsyncIterator[Any], caller: Caller
+    ) -> AsyncIterator[Any]:
         answers: asyncio.Queue[Any] = asyncio.Queue()
         room = asyncio.Semaphore(PUBLISH_IN_FLIGHT)
         reader = asyncio.get_running_loop().create_task(
@@ -231,9 +254,7 @@ class IngestService(pb_grpc.IngestServiceServicer):
             self._read_acks(request_iterator, consumer_id, sub_type in _CUMULATIVE)
         )
         deliveries = aiter(
-            self._manager.deliveries(
-                consumer_id, max_batch, caller.peer, caller.owner, frames=True
-            )
+            self._manager.deliveries(consumer_id, max_batch, caller.peer, caller.owner, frames=True)
         )
         try:
             yield pb.ConsumeResponse(topic=sub.topic, count=0, consumer_id=consumer_id)

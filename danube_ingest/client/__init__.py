@@ -6,7 +6,12 @@ ranges. See docs/design/batch_protocol.md for the wire format and guarantees.
 
 from danube_ingest.client._auth import call_metadata
 from danube_ingest.client._consumer import Batch, Consumer, SubType, decode_batch
-from danube_ingest.client._errors import ClientError, ConsumeError, PublishError
+from danube_ingest.client._errors import (
+    ClientError,
+    ConsumeError,
+    DeliveryTimeoutError,
+    PublishError,
+)
 from danube_ingest.client._producer import Compression, Producer, new_producer_id, target
 from danube_ingest.client._tls import TlsOptions, open_channel
 
@@ -16,6 +21,7 @@ __all__ = [
     "Compression",
     "ConsumeError",
     "Consumer",
+    "DeliveryTimeoutError",
     "Producer",
     "PublishError",
     "SubType",

@@ -18,7 +18,7 @@ import zstandard
 from crc32c import crc32c
 
 from danube_ingest.client._auth import call_metadata
-from danube_ingest.client._errors import PublishError
+from danube_ingest.client._errors import ClientError, DeliveryTimeoutError, PublishError
 from danube_ingest.client._tls import TlsOptions, open_channel
 from danube_ingest.errors import InvalidEntryError
 from danube_ingest.proto import ingest_pb2 as pb
@@ -71,7 +71,7 @@ class _Group:
         if not self.left and not self.future.done():
             self.future.set_result(self.ranges)
 
-    def fail(self, error: PublishError) -> None:
+    def fail(self, error: ClientError) -> None:
         if not self.future.done():
             self.future.set_exception(error)
 
@@ -86,7 +86,7 @@ class _Batch:
     request: Any = None
     sequence: int | None = None
     attempts: int = 0
-    sent_at: float = 0.0
+    deadline: float = float("inf")  # (event loop time) failed with DeliveryTimeoutError after
     answered: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -116,6 +116,12 @@ class Producer:
     ``token``: a JWT or API key sent as ``authorization: Bearer`` (daemons with
     ``auth.enabled``); a stream refused for it (UNAUTHENTICATED, PERMISSION_DENIED) fails the
     futures of every batch sent with :class:`PublishError` instead of resending them.
+    Deadline: a batch not answered within ``delivery_timeout`` seconds of being sealed (the
+    daemon down for good, unreachable, or refusing with RESOURCE_EXHAUSTED all that time) fails
+    its futures with :class:`DeliveryTimeoutError` (retriable); until then it is resent with the
+    same sequence. Such a batch may or may not be stored, never twice. Later batches go on under
+    a fresh producer id (sequences restart at 0), since the daemon would otherwise wait for the
+    expired sequence for ever. ``None`` waits for ever.
     """
 
     def __init__(
@@ -133,6 +139,7 @@ class Producer:
         compression: Compression = "none",
         retry_backoff_ms: float = 50.0,
         max_backoff_ms: float = 2000.0,
+        delivery_timeout: float | None = 120.0,
         channel: grpc.aio.Channel | None = None,
         tls: TlsOptions | None = None,
         token: str | None = None,
@@ -150,6 +157,17 @@ class Producer:
         self._compression = _COMPRESSION[compression]
         self._backoff = retry_backoff_ms / 1000.0
         self._max_backoff = max_backoff_ms / 1000.0
+        if delivery_timeout is not None and delivery_timeout <= 0:
+            raise ValueError(
+                f"delivery_timeout must be > 0 seconds or None (wait for ever), not "
+                f"{delivery_timeout}"
+            )
+        # (Kafka's delivery.timeout.ms is 120 s too: long enough for a broker restart.)
+        self._delivery_timeout = delivery_timeout
+        self._expiry: asyncio.TimerHandle | None = None
+        # A sent batch expired: its sequence may never be stored, so the producer id changes
+        # (sequences restart) once no batch with an old sequence is outstanding.
+        self._rotate = False
         self._channel = channel
         self._own_channel = channel is None
         self._open: list[Entry] = []
@@ -249,12 +267,18 @@ class Producer:
         await self._reserve(len(payloads))
         self._seal()
         when = int(time.time() * 1000) if publish_ms is None else publish_ms
-        cuts = self._cut(payloads)
+        lengths = set(map(len, payloads))
+        same = next(iter(lengths)) if len(lengths) == 1 else None
+        cuts = self._cut(payloads, same)
         group = _Group(len(cuts) - 1)
         for slot in range(len(cuts) - 1):
             chunk = payloads[cuts[slot] : cuts[slot + 1]]
             block, sizes = encode_payloads(
-                chunk, publish_ms=when, producer_name=self.producer_name, routing_key=routing_key
+                chunk,
+                publish_ms=when,
+                producer_name=self.producer_name,
+                routing_key=routing_key,
+                payload_len=same,
             )
             batch = _Batch(self._next_index, len(chunk), [], group, slot)
             self._next_index += 1
@@ -262,12 +286,11 @@ class Producer:
         self._idle.clear()
         return group.future
 
-    def _cut(self, payloads: Sequence[bytes]) -> list[int]:
-        """Where ``payloads`` is cut into batches: [0, ..., len(payloads)]."""
+    def _cut(self, payloads: Sequence[bytes], size: int | None) -> list[int]:
+        """Where ``payloads`` is cut into batches: [0, ..., len(payloads)]. ``size``: the
+        length of every payload, if they all have one."""
         total = len(payloads)
-        lengths = set(map(len, payloads))
-        if len(lengths) == 1:
-            (size,) = lengths
+        if size is not None:
             step = max(1, min(self._max_messages, self._max_bytes // max(size, 1)))
             return [*range(0, total, step), total]
         cuts = [0]
@@ -304,6 +327,9 @@ class Producer:
         runner.cancel()
         with _suppress_cancel():
             await runner
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self._own_channel and self._channel is not None:
             await self._channel.close()
 
@@ -345,6 +371,11 @@ class Producer:
             compression=self._compression,
             request_id=batch.index,
         )
+        if self._delivery_timeout is not None:
+            loop = asyncio.get_running_loop()
+            batch.deadline = loop.time() + self._delivery_timeout
+            if self._expiry is None:
+                self._expiry = loop.call_at(batch.deadline, self._expire)
         self._ready.append(batch)
         self._wake.set()
 
@@ -397,8 +428,10 @@ class Producer:
             try:
                 await self._write(call, reader)
                 delay = self._backoff
-            except (grpc.aio.AioRpcError, ConnectionError) as exc:
-                log.info("publish stream lost topic=%s error=%s", self.topic, exc)
+            except (grpc.aio.AioRpcError, ConnectionError, asyncio.InvalidStateError) as exc:
+                # (InvalidStateError: a write to a call that already failed, e.g. the daemon
+                # died between two writes; the reader has or will have its error.)
+                log.info("publish stream lost topic=%s error=%r", self.topic, exc)
                 if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSED:
                     # Credentials refused: resending cannot help; fail what was sent.
                     error = PublishError(exc.code(), exc.details() or "", self.topic)
@@ -429,6 +462,9 @@ class Producer:
             # After a refusal, earlier batches are resent first: wait until all sent ones are
             # answered, so that nothing overtakes them.
             blocked = ready and ready[0].attempts > 0 and self._in_flight
+            # After an expiry, new sequences start under a fresh producer id: wait until no
+            # batch with an old sequence is in flight (the ready ones with one come first).
+            blocked = blocked or (ready and self._rotate and self._in_flight)
             if pause > 0 or not ready or blocked or len(self._in_flight) >= self._max_in_flight:
                 self._wake.clear()
                 waiter = asyncio.ensure_future(self._wake.wait())
@@ -442,8 +478,18 @@ class Producer:
             batch = ready.pop(0)
             if self.producer_id:
                 if batch.sequence is None:
+                    if self._rotate:
+                        self._rotate = False
+                        self.producer_id = new_producer_id()
+                        self._next_sequence = 0
+                        log.info(
+                            "new producer id after a delivery timeout topic=%s producer_id=%#x",
+                            self.topic,
+                            self.producer_id,
+                        )
                     batch.sequence = self._next_sequence
                     self._next_sequence += 1
+                    batch.request.producer_id = self.producer_id
                 batch.request.sequence = batch.sequence
             batch.attempts += 1
             self._in_flight[batch.index] = batch
@@ -463,6 +509,10 @@ class Producer:
                 self._complete(batch, answer.base_offset)
             elif code in _RETRIABLE or code == grpc.StatusCode.FAILED_PRECONDITION:
                 # (FAILED_PRECONDITION: a sequence gap behind a batch that is being resent.)
+                if code == grpc.StatusCode.FAILED_PRECONDITION and self._rotate:
+                    # Behind an expired sequence the daemon does not have: that gap never
+                    # fills, and this batch is not stored; it goes under the new producer id.
+                    batch.sequence = None
                 if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     backoff = min(self._backoff * 2 ** min(batch.attempts, 10), self._max_backoff)
                     self._pause_until = time.monotonic() + backoff
@@ -480,6 +530,41 @@ class Producer:
         if batch.group is not None:
             batch.group.done(batch.slot, range(base, base + batch.count))
         self._release(batch)
+
+    def _expire(self) -> None:
+        """Fail the batches past their deadline (see ``DeliveryTimeoutError``); re-arm the
+        timer for the next deadline."""
+        self._expiry = None
+        assert self._delivery_timeout is not None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        overdue = [b for b in (*self._ready, *self._in_flight.values()) if b.deadline <= now]
+        if overdue:
+            self._ready[:] = [b for b in self._ready if b.deadline > now]
+            for batch in sorted(overdue, key=lambda b: b.index):
+                self._in_flight.pop(batch.index, None)
+                log.warning(
+                    "batch expired topic=%s messages=%d attempts=%d delivery_timeout=%g",
+                    self.topic,
+                    batch.count,
+                    batch.attempts,
+                    self._delivery_timeout,
+                )
+                error = DeliveryTimeoutError(
+                    self.topic, batch.count, self._delivery_timeout, batch.attempts
+                )
+                for future in batch.futures:
+                    if not future.done():
+                        future.set_exception(error)
+                if batch.group is not None:
+                    batch.group.fail(error)
+                if batch.sequence is not None:
+                    self._rotate = True
+                self._release(batch)
+            self._wake.set()
+        outstanding = [b.deadline for b in (*self._ready, *self._in_flight.values())]
+        if outstanding:
+            self._expiry = loop.call_at(min(outstanding), self._expire)
 
     def _fail(self, batch: _Batch, error: PublishError, stored: bool) -> None:
         for future in batch.futures:

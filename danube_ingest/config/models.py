@@ -637,6 +637,15 @@ class LimitsConfig(_Section):
         ge=1,
         description="Most producers connected to one topic at once.",
     )
+    max_publish_streams: _Count = Field(
+        default=1000,
+        ge=1,
+        description=(
+            "Most batch-path Publish streams (one per danube_ingest.client.Producer) served at "
+            "once; one more is refused with RESOURCE_EXHAUSTED before any of its batches is "
+            "read, and the Producer retries it with backoff and the same sequences."
+        ),
+    )
     max_consumers_per_subscription: _Count = Field(
         default=1000,
         ge=1,

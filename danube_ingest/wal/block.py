@@ -67,7 +67,7 @@ _ATTR_COUNT_AT = ENTRY_DTYPE.fields["attr_count"][1]  # type: ignore[index]
 _PAYLOAD_LEN_AT = ENTRY_DTYPE.fields["payload_len"][1]  # type: ignore[index]
 _INGEST_AT = 0
 _PRODUCER_AT = 16
-_REQUEST_AT = 24
+_REQUEST_AT = _PRODUCER_AT + 8
 _KNOWN_FLAGS = 1 | 2
 _HAS_KEY = 2
 _ATTR = struct.Struct("<HI")
@@ -116,8 +116,11 @@ class EntryBlock:
         )
         rows = _rows(arr, self.starts)
         if rows is not None:
-            for at, value in values:
-                rows[:, at : at + 8] = np.frombuffer(value, np.uint8)
+            # (producer_id and request_id are adjacent: one strided write for both.)
+            rows[:, _INGEST_AT : _INGEST_AT + 8] = np.frombuffer(values[0][1], np.uint8)
+            rows[:, _PRODUCER_AT : _REQUEST_AT + 8] = np.frombuffer(
+                values[1][1] + values[2][1], np.uint8
+            )
             return
         at8 = self.starts[:, None] + _BYTE8
         for at, value in values:
@@ -258,6 +261,7 @@ def encode_payloads(
     publish_ms: int = 0,
     producer_name: str = "",
     routing_key: str | None = None,
+    payload_len: int | None = None,
 ) -> tuple[bytes, bytes]:
     """Encode plain messages (a payload each; one publish time, producer name and routing key
     for all; no attributes, no schema) as an entry block; returns ``(block, sizes)``.
@@ -265,8 +269,10 @@ def encode_payloads(
     The result is byte for byte what :func:`encode_block` makes of the same messages as
     :class:`Entry` objects, without building them: the fixed part of every entry header is
     packed once, and when all payloads have the same length (the common case of a bulk send)
-    the block is filled as one ``(count, size)`` numpy array. Raises :class:`InvalidEntryError`
-    for a name or key longer than its header field holds, ValueError for no payloads.
+    the block is one ``bytes.join`` of the payloads with that header between them.
+    ``payload_len``: the length of every payload, when the caller has checked that they all
+    have it (the check is then not repeated). Raises :class:`InvalidEntryError` for a name or
+    key longer than its header field holds, ValueError for no payloads.
     """
     count = len(payloads)
     if not count:
@@ -281,17 +287,15 @@ def encode_payloads(
     flags = 0 if routing_key is None else _HAS_KEY
     fixed = _PREFIX.pack(0, publish_ms, 0, 0, 0, 0, flags, len(name_b), len(key_b), 0)
     text = name_b + key_b
-    lengths = set(map(len, payloads))
-    if len(lengths) == 1:
-        (payload_len,) = lengths
+    if payload_len is None:
+        lengths = set(map(len, payloads))
+        if len(lengths) == 1:
+            (payload_len,) = lengths
+    if payload_len is not None:
         head = fixed + payload_len.to_bytes(4, "little") + text
         size = len(head) + payload_len
-        rows = np.empty((count, size), dtype=np.uint8)
-        rows[:, : len(head)] = np.frombuffer(head, dtype=np.uint8)
-        if payload_len:
-            joined = b"".join(payloads)
-            rows[:, len(head) :] = np.frombuffer(joined, dtype=np.uint8).reshape(count, -1)
-        return rows.tobytes(), np.full(count, size, dtype="<u4").tobytes()
+        # head p0 head p1 ...: one C-level join, each payload copied once.
+        return head.join([b"", *payloads]), size.to_bytes(4, "little") * count
     block = b"".join(
         [
             piece

@@ -337,3 +337,39 @@ def test_encode_payloads_refuses_nothing_and_overlong_names() -> None:
         encode_payloads([])
     with pytest.raises(InvalidEntryError, match="65,535 bytes"):
         encode_payloads([b"x"], routing_key="k" * 70_000)
+
+
+@pytest.mark.parametrize(
+    ("at", "value", "needle"),
+    [
+        (44, 0x10, "unknown flags"),
+        (44, 0, "routing-key flag"),
+        (15, 0x80, "publish_ms -"),
+        (55, 0xFF, "producer name is not valid UTF-8"),
+        (51, 0xFF, "does not match its header"),
+        (49, 1, "too small for its header and attributes"),
+    ],
+)
+def test_equal_entries_broken_alike_are_refused_as_the_first_alone(
+    at: int, value: int, needle: str
+) -> None:
+    """A block of equal entries (what ``send_many`` sends) broken the same way in every entry
+    is refused with what its first entry alone gets (naming entry 0); with one entry broken,
+    the refusal names that entry."""
+    payloads = [b"x" * 20] * 30
+    block, sizes = encode_payloads(payloads, publish_ms=5, producer_name="pé", routing_key="k")
+    assert check_block(bytearray(block), sizes, 30, LIMITS).count == 30
+    size = len(block) // 30
+    broken = bytearray(block)
+    for i in range(30):
+        broken[i * size + at] = value
+    with pytest.raises(InvalidEntryError, match=needle) as alone:
+        check_block(bytearray(broken[:size]), sizes[:4], 1, LIMITS)
+    with pytest.raises(InvalidEntryError, match=needle) as whole:
+        check_block(broken, sizes, 30, LIMITS)
+    assert str(whole.value) == str(alone.value) and "entry 0 of the batch" in str(whole.value)
+    one = bytearray(block)
+    one[17 * size + at] = value
+    with pytest.raises(InvalidEntryError, match=needle) as single:
+        check_block(one, sizes, 30, LIMITS)
+    assert "entry 17 of the batch" in str(single.value)
