@@ -339,8 +339,7 @@ def publish_requests(draw: st.DrawFn, known: Known) -> Any:
         request_id=draw(ints(0, (1 << 64) - 1)),
     )
     for field in draw(st.lists(st.sampled_from(list(descriptor.fields)), max_size=2)):
-        if fuzzed.HasField(field.name) if field.message_type else True:
-            setattr(request, field.name, getattr(fuzzed, field.name))
+        setattr(request, field.name, getattr(fuzzed, field.name))  # (all scalar fields)
     if draw(st.booleans()):
         request.crc32c = crc32c(request.entries)
     return request
