@@ -427,3 +427,27 @@ def test_secure_example_config_is_secure_and_loads() -> None:
     assert config.auth.enabled
     assert config.etcd.endpoints and all(e.startswith("https://") for e in config.etcd.endpoints)
     assert config.etcd.user and config.etcd.password_file is not None
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"broker:\n  broker_id: \x80\n",  # read_text raised UnicodeDecodeError
+        b"[" * 5_000,  # the YAML parser raised RecursionError
+        # Aliases expanding to 10**10 values: interpolation walked them (a hang).
+        b"a0: &a0 [x]\n"
+        + b"".join(
+            f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n".encode() for i in range(1, 11)
+        ),
+    ],
+    ids=["not-utf8", "deep", "alias-bomb"],
+)
+def test_unreadable_files_raise_config_error_naming_the_file(
+    tmp_path: Path, content: bytes
+) -> None:
+    """Found by tests/fuzz/test_config.py."""
+    path = tmp_path / "broker.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=str(path)):
+        load_config(path)

@@ -155,15 +155,49 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+#: Most values (scalars, lists and mappings, counted as YAML aliases expand them) a config file
+#: may hold: ours has about a hundred, and an alias "bomb" (a few lines whose aliases expand to
+#: billions of values) must be refused before anything walks it.
+MAX_CONFIG_VALUES = 100_000
+
+
+def _count_values(value: object, budget: int) -> int:
+    """``budget`` less the values in ``value`` (aliases expanded); stops once below zero."""
+    budget -= 1
+    if isinstance(value, Mapping):
+        items: Any = value.values()
+    elif isinstance(value, list):
+        items = value
+    else:
+        return budget
+    for item in items:
+        if budget < 0:
+            break
+        budget = _count_values(item, budget)
+    return budget
+
+
 def _read_yaml(path: Path) -> Mapping[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x}); "
+            f"save it as UTF-8"
+        ) from None
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: plain data only
+        if _count_values(data, MAX_CONFIG_VALUES) < 0:
+            raise ConfigError(
+                f"{path}: more than {MAX_CONFIG_VALUES} values (counting what aliases expand "
+                f"to); a configuration holds far fewer"
+            )
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):

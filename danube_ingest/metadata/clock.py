@@ -26,6 +26,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from danube_ingest.metadata import values
 from danube_ingest.metadata.errors import MetadataError
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV, Compare, Get, KeyValue, Put
@@ -81,7 +82,7 @@ class TopicClock:
     def decode(cls, data: bytes, key: str) -> TopicClock:
         """Parse a stored clock; ``MetadataError`` naming ``key`` if malformed."""
         try:
-            raw = json.loads(data)
+            raw = values.loads(data)
             if not isinstance(raw, dict):
                 raise TypeError("not a JSON object")
             return cls(

@@ -26,6 +26,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from danube_ingest.metadata import values
 from danube_ingest.metadata.errors import MetadataError, RevisionCompactedError
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV
@@ -64,7 +65,7 @@ class _State:
     @classmethod
     def decode(cls, data: bytes, key: str) -> _State:
         try:
-            raw = json.loads(data)
+            raw = values.loads(data)
             samples = [(int(ms), int(rev)) for ms, rev in raw["samples"]]
             return cls(samples, int(raw["compacted"]))
         except (ValueError, TypeError, KeyError) as exc:

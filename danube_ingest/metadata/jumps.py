@@ -34,6 +34,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from danube_ingest.metadata import values
 from danube_ingest.metadata.errors import MetadataError
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV, Put
@@ -73,7 +74,7 @@ class OffsetJump:
     def decode(cls, topic: str, data: bytes, key: str) -> OffsetJump:
         """Parse a record stored at ``key``; ``MetadataError`` naming ``key`` if malformed."""
         try:
-            raw = json.loads(data)
+            raw = values.loads(data)
             jump = cls(
                 topic=topic,
                 start=raw["from"],

@@ -54,7 +54,7 @@ _SEGMENT = re.compile(r"[^/\s\x00-\x1f\x7f]{1,255}")
 
 def check_segment(value: str, what: str) -> str:
     """Return ``value`` if it can be one key segment, else raise ``InvalidNameError``."""
-    if not _SEGMENT.fullmatch(value) or value in (".", ".."):
+    if not isinstance(value, str) or not _SEGMENT.fullmatch(value) or value in (".", ".."):
         raise InvalidNameError(
             f"invalid {what} {value!r}: use 1-255 characters without '/', spaces or controls"
         )
@@ -62,8 +62,9 @@ def check_segment(value: str, what: str) -> str:
 
 
 def split_topic(name: str) -> tuple[str, str]:
-    """``"/ns/topic"`` → ``("ns", "topic")``; ``InvalidNameError`` for any other shape."""
-    parts = name.split("/")
+    """``"/ns/topic"`` → ``("ns", "topic")``; ``InvalidNameError`` for any other shape (or a
+    value that is not a string, as a decoded record may hold)."""
+    parts = name.split("/") if isinstance(name, str) else []
     if len(parts) != 3 or parts[0] != "":
         raise InvalidNameError(f"invalid topic name {name!r}: expected '/namespace/topic'")
     return check_segment(parts[1], "namespace"), check_segment(parts[2], "topic")

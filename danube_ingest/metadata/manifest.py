@@ -56,6 +56,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from danube_ingest.metadata import values
 from danube_ingest.metadata.errors import MetadataError
 from danube_ingest.metadata.keys import Keys, split_topic
 from danube_ingest.metadata.kv import KV, Compare, Delete, Get, KeyValue, Put, TxnOp
@@ -110,7 +111,7 @@ class Retired:
     def decode(cls, data: bytes, key: str) -> Retired:
         """Parse a record stored at ``key``; ``MetadataError`` naming ``key`` if malformed."""
         try:
-            raw = json.loads(data)
+            raw = values.loads(data)
             record = cls(object_key=raw["object_key"], retired_ms=raw["retired_ms"])
         except (ValueError, TypeError, KeyError) as exc:
             raise MetadataError(f"malformed retirement record at {key}: {exc}") from exc
@@ -137,7 +138,7 @@ class TopicFloor:
     def decode(cls, data: bytes, key: str) -> TopicFloor:
         """Parse a floor stored at ``key``; ``MetadataError`` naming ``key`` if malformed."""
         try:
-            raw = json.loads(data)
+            raw = values.loads(data)
             floor = cls(offset=raw["offset"], expired_ms=raw["expired_ms"], reason=raw["reason"])
         except (ValueError, TypeError, KeyError) as exc:
             raise MetadataError(f"malformed retained floor at {key}: {exc}") from exc
@@ -253,7 +254,7 @@ class ObjectRange:
         Fields this version does not know are ignored. The key must end with the range's start.
         """
         try:
-            raw = json.loads(data)
+            raw = values.loads(data)
             if not isinstance(raw, dict):
                 raise TypeError("not a JSON object")
             known = {f.name for f in dataclasses.fields(cls)}

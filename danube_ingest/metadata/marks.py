@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 
+from danube_ingest.metadata import values
 from danube_ingest.metadata.errors import InvalidNameError, MetadataError
 from danube_ingest.metadata.keys import Keys, split_topic
 from danube_ingest.metadata.kv import KV, Compare, Get, Put
@@ -105,7 +106,7 @@ async def subscription_cursors(kv: KV, keys: Keys, topic: str) -> dict[str, int 
 
 def _decode_mark(data: bytes, key: str) -> int:
     try:
-        offset = int(json.loads(data)["offset"])
+        offset = int(values.loads(data)["offset"])
     except (ValueError, TypeError, KeyError) as exc:
         raise MetadataError(f"malformed prune mark at {key}: {data!r}") from exc
     if offset < 0:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from danube_ingest.metadata import values
 from danube_ingest.metadata.errors import (
     FencedError,
     LeaseExpiredError,
@@ -97,7 +98,7 @@ class Owner(NamedTuple):
     def decode(cls, data: bytes, key: str) -> Owner:
         """Parse an owner key's value; ``MetadataError`` naming ``key`` if it is malformed."""
         try:
-            raw = json.loads(data)
+            raw = values.loads(data)
             return cls(str(raw["broker"]), str(raw["url"]), int(raw["epoch"]))
         except (ValueError, TypeError, KeyError) as exc:
             raise MetadataError(f"malformed owner record at {key}: {data!r}") from exc
@@ -460,6 +461,6 @@ class Ownership:
 
 def _decode_int(data: bytes, key: str) -> int:
     try:
-        return int(json.loads(data))
+        return int(values.loads(data))
     except (ValueError, TypeError) as exc:
         raise MetadataError(f"malformed integer at {key}: {data!r}") from exc

@@ -20,6 +20,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from danube_ingest.metadata import values
 from danube_ingest.metadata.errors import MetadataError
 from danube_ingest.metadata.keys import Keys, split_topic
 from danube_ingest.metadata.kv import KV
@@ -75,7 +76,7 @@ class RetentionPolicy:
         """Parse a policy stored at ``key``; ``MetadataError`` naming ``key`` if malformed.
         Fields this version does not know are ignored."""
         try:
-            raw = json.loads(data)
+            raw = values.loads(data)
             if not isinstance(raw, dict):
                 raise TypeError("not a JSON object")
             return cls(**{k: v for k, v in raw.items() if k in _FIELDS})

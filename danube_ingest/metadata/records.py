@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
+from danube_ingest.metadata import values
 from danube_ingest.metadata.errors import InvalidNameError, MetadataError
 from danube_ingest.metadata.keys import Keys, check_segment, split_topic
 from danube_ingest.metadata.kv import KV, Compare, Delete, Get, Put
@@ -43,7 +44,7 @@ class _JsonRecord:
     def decode(cls, data: bytes, key: str = "?") -> Self:
         """Parse a stored value; ``MetadataError`` naming ``key`` if it is not a valid record."""
         try:
-            raw = json.loads(data)
+            raw = values.loads(data)
             if not isinstance(raw, dict):
                 raise TypeError("not a JSON object")
             assert dataclasses.is_dataclass(cls)
@@ -145,14 +146,14 @@ def encode_cursor(offset: int) -> bytes:
 def decode_cursor(data: bytes, key: str = "?") -> int:
     """The offset of a stored cursor; ``MetadataError`` naming ``key`` if it is malformed."""
     try:
-        return int(json.loads(data)["offset"])
+        return int(values.loads(data)["offset"])
     except (ValueError, TypeError, KeyError) as exc:
         raise MetadataError(f"malformed cursor at {key}: {data!r}") from exc
 
 
 def _decode_int(data: bytes, key: str) -> int:
     try:
-        return int(json.loads(data))
+        return int(values.loads(data))
     except (ValueError, TypeError) as exc:
         raise MetadataError(f"malformed integer at {key}: {data!r}") from exc
 

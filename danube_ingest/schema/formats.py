@@ -43,7 +43,17 @@ class ParsedSchema:
 
 
 def parse_definition(schema_type: SchemaType, definition: bytes) -> ParsedSchema:
-    """Check ``definition`` for ``schema_type``; :class:`InvalidSchemaError` says why it fails."""
+    """Check ``definition`` for ``schema_type``; :class:`InvalidSchemaError` says why it fails
+    (a document nested past the interpreter's recursion limit included)."""
+    try:
+        return _parse_definition(schema_type, definition)
+    except RecursionError:
+        raise InvalidSchemaError(
+            f"{schema_type.value} definition is nested too deeply to be checked"
+        ) from None
+
+
+def _parse_definition(schema_type: SchemaType, definition: bytes) -> ParsedSchema:
     if schema_type in (SchemaType.AVRO, SchemaType.JSON_SCHEMA):
         document = _load_json(schema_type, definition)
         if schema_type is SchemaType.AVRO:

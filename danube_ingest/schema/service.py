@@ -53,11 +53,26 @@ def status_for(error: DanubeIngestError) -> Any:
     return grpc.StatusCode.UNAVAILABLE if error.retriable else grpc.StatusCode.INTERNAL
 
 
+#: Longest error text sent (characters), as the broker's services: it travels in the
+#: ``grpc-message`` header, percent-encoded (up to 12 bytes per character), and a reply whose
+#: headers pass gRPC's 8 KiB limit reaches the client as RESOURCE_EXHAUSTED, not as its status.
+MAX_DETAILS = 600
+
+
+def _details(exc: BaseException) -> str:
+    """The text of ``exc``, cut to at most ``MAX_DETAILS`` characters (saying how long it was)."""
+    details = str(exc)
+    if len(details) > MAX_DETAILS:
+        tail = f"... ({len(details)} characters)"
+        details = details[: MAX_DETAILS - len(tail)] + tail
+    return details
+
+
 async def _guard(context: Any, call: Awaitable[T]) -> T:
     try:
         return await call
     except DanubeIngestError as exc:
-        await context.abort(status_for(exc), str(exc))
+        await context.abort(status_for(exc), _details(exc))
         raise  # context.abort always raises; this only tells the type checker
 
 

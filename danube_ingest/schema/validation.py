@@ -146,9 +146,11 @@ def _json_check(definition: bytes) -> Check:
     def check(payload: bytes) -> str | None:
         try:
             document = json.loads(payload)
+            error = jsonschema.exceptions.best_match(validator.iter_errors(document))
         except (UnicodeDecodeError, ValueError) as exc:
             return f"not a JSON document: {exc}"
-        error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+        except RecursionError:
+            return "JSON document nested too deeply to be checked"
         if error is None:
             return None
         where = "/".join(str(p) for p in error.absolute_path)

@@ -237,6 +237,15 @@ class Snapshot:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Snapshot:
+        """Parse a snapshot file; ``ValueError`` for anything that is not a whole snapshot of
+        this version (a CRC-valid one with fields of the wrong type included)."""
+        try:
+            return cls._from_bytes(data)
+        except (KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+            raise ValueError(f"snapshot does not decode: {exc!r}") from exc
+
+    @classmethod
+    def _from_bytes(cls, data: bytes) -> Snapshot:
         header, sep, body = data.partition(b"\n")
         parts = header.split()
         if not sep or len(parts) != 3 or parts[0] != SNAPSHOT_MAGIC.encode():
@@ -297,5 +306,5 @@ def read_snapshot(directory: Path) -> Snapshot | None:
         return Snapshot.from_bytes((directory / SNAPSHOT_NAME).read_bytes())
     except FileNotFoundError:
         return None
-    except (ValueError, KeyError, TypeError):
+    except ValueError:
         return None

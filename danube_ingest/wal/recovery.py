@@ -444,7 +444,7 @@ def _load_snapshot(region_dir: Path, seqs: list[int]) -> tuple[RegionState, int]
     if snapshot is not None:
         try:
             topics = [TopicMeta.from_json(data) for data in snapshot.topics]
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             log.warning("wal snapshot ignored region_dir=%s error=%r", region_dir, exc)
             snapshot = None
     if snapshot is None:

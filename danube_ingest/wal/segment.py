@@ -22,13 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from danube_ingest.errors import FrameError, TruncatedFrameError
-from danube_ingest.wal.framing import FrameInfo, decode_frame
+from danube_ingest.wal.framing import FrameInfo, Kind, decode_frame
 
 SEGMENT_SUFFIX = ".wal"
 _SEGMENT_RE = re.compile(r"^(\d{20})\.wal$")
-# A frame prefix carries kind 1..4, version 1 and two zero bytes at offsets 4..8. Searching for
-# that pattern finds re-synchronisation candidates at C speed; the header CRC confirms them.
-_PREFIX_CANDIDATE = re.compile(rb"[\x01-\x04]\x01\x00\x00", re.DOTALL)
+# A frame prefix carries a kind (any of Kind), version 1 and two zero bytes at offsets 4..8.
+# Searching for that pattern finds re-synchronisation candidates at C speed; the header CRC
+# confirms them. Built from Kind so a new kind is never missed (a missed one makes damage
+# followed only by frames of that kind look like a torn tail, which recovery truncates).
+_PREFIX_CANDIDATE = re.compile(
+    b"[" + bytes((min(Kind),)) + b"-" + bytes((max(Kind),)) + b"]\x01\x00\x00", re.DOTALL
+)
 
 
 def segment_name(seq: int) -> str:

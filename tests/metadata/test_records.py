@@ -154,3 +154,24 @@ async def test_clients_are_found_by_name_through_the_index(records: Records) -> 
     assert await records.delete_client(producer.client_id)
     assert await records.find_producer("/shop/orders", "odd name/with slash") is None
     assert await records.find_consumer("/shop/orders", "sub/1", "odd name/with slash") == consumer
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b'{"offset": Infinity}',  # int() raised OverflowError
+        b'{"offset": 1e400}',  # the same, through a float that overflows
+        b"[" * 100_000,  # json.loads raised RecursionError
+    ],
+)
+def test_cursor_values_json_cannot_hold_raise_metadata_error(value: bytes) -> None:
+    """Found by tests/fuzz/test_records.py: these escaped as OverflowError/RecursionError."""
+    with pytest.raises(MetadataError, match="cursor at k"):
+        decode_cursor(value, "k")
+
+
+@pytest.mark.parametrize("value", [b'{"name": 0}', b'{"name": ["/a/b"]}', b"[" * 100_000])
+def test_topic_record_of_wrong_types_raises_metadata_error(value: bytes) -> None:
+    """Found by tests/fuzz/test_records.py: a non-string name raised AttributeError."""
+    with pytest.raises(MetadataError):
+        TopicRecord.decode(value, "k")

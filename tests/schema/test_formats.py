@@ -64,3 +64,17 @@ def test_arrays_of_sized_items_are_accepted() -> None:
 def test_record_without_fields_is_refused() -> None:
     with pytest.raises(InvalidSchemaError, match="has no fields list"):
         parse_definition(SchemaType.AVRO, b'["null", {"type": "record", "name": "X"}]')
+
+
+@pytest.mark.parametrize("schema_type", [SchemaType.JSON_SCHEMA, SchemaType.AVRO])
+@pytest.mark.parametrize(
+    "definition",
+    [b"[" * 100_000, b'{"properties": {"a": ' * 300 + b"{}" + b"}}" * 300],
+    ids=["past-the-parser", "past-the-validator"],
+)
+def test_definition_nested_too_deeply_is_invalid(
+    schema_type: SchemaType, definition: bytes
+) -> None:
+    """Found by tests/fuzz/test_grpc.py: RecursionError escaped (the client saw UNKNOWN)."""
+    with pytest.raises(InvalidSchemaError):
+        parse_definition(schema_type, definition)

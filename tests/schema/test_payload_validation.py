@@ -71,6 +71,8 @@ def avro_datum(record: dict[str, object]) -> bytes:
         (SchemaType.JSON_SCHEMA, USER_JSON, b'{"name": 1}', "1 is not of type 'string'"),
         (SchemaType.JSON_SCHEMA, USER_JSON, b"{oops", "not a JSON document"),
         (SchemaType.JSON_SCHEMA, USER_JSON, b"\xff", "not a JSON document"),
+        # Found by the gRPC fuzzer's schema cases: RecursionError escaped (INTERNAL).
+        (SchemaType.JSON_SCHEMA, USER_JSON, b"[" * 100_000, "nested too deeply"),
         (SchemaType.AVRO, USER_AVRO, avro_datum({"name": "a", "age": 3}), None),
         (SchemaType.AVRO, USER_AVRO, b"\x0a", "not an Avro datum"),
         (SchemaType.AVRO, USER_AVRO, avro_datum({"name": "a", "age": 3}) + b"!", "1 bytes left"),

@@ -223,3 +223,13 @@ async def test_error_statuses(server: Server) -> None:
 
 def test_retriable_errors_map_to_aborted() -> None:
     assert status_for(SchemaConflictError("busy")) == grpc.StatusCode.ABORTED
+
+
+async def test_error_text_naming_a_long_subject_is_cut(server: Server) -> None:
+    """Found by tests/fuzz/test_grpc.py: the error repeated the whole subject (up to 4 MB of
+    request), past gRPC's header limit; the text is cut like the broker's own errors."""
+    subject = "\U0001f600" * 5_000
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await server.stub.GetLatestSchema(pb.GetLatestSchemaRequest(subject=subject))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len(caught.value.details() or "") <= 600

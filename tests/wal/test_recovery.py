@@ -949,3 +949,38 @@ async def test_sealed_segment_truncated_while_recovery_reads_it_is_corruption(
     assert (caught.value.path, caught.value.position) == (str(path), frame.position)
     assert "sealed segment" in caught.value.reason
     assert files(region) == before, "only the other process changed anything"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"dropped": 0},  # Snapshot.from_bytes raised AttributeError
+        {"next_seq": float("inf")},  # ... OverflowError
+        {"topics": [{"name": "/default/t", "id": 1, "next_offset": float("inf")}]},  # TopicMeta
+    ],
+)
+def test_snapshot_with_fields_of_the_wrong_type_is_ignored(
+    tmp_path: Path, change: dict[str, object]
+) -> None:
+    """Found by tests/fuzz/test_wal.py: a CRC-valid snapshot whose fields have the wrong type
+    made recovery fail with AttributeError/OverflowError instead of ignoring the snapshot and
+    rebuilding the state from the segments."""
+    doc = {
+        "version": 1,
+        "region": "r",
+        "next_seq": 1,
+        "next_topic_id": 2,
+        "uploaded": [],
+        "dropped": {},
+        "topics": [],
+        **change,
+    }
+    body = json.dumps(doc).encode()
+    (tmp_path / SNAPSHOT_NAME).write_bytes(
+        f"{SNAPSHOT_MAGIC} {crc32c(body):08x} {len(body)}\n".encode() + body
+    )
+    frames = [checkpoint_frame(0, 1_000, "r"), topic_frame(1, "/default/t")]
+    frames += messages_frame(1, 0, [Entry(b"x", ingest_ms=1_000)])
+    segment_path(tmp_path, 0).write_bytes(b"".join(frames))
+    state = recover_region(tmp_path)
+    assert state.topics["/default/t"].next_offset == 1

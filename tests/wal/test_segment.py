@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from danube_ingest.errors import CorruptFrameError, TruncatedFrameError
+from danube_ingest.errors import CorruptFrameError, TruncatedFrameError, WalCorruptionError
 from danube_ingest.wal import RegionLog, recover_region
 from danube_ingest.wal.framing import (
     Entry,
@@ -21,6 +21,7 @@ from danube_ingest.wal.framing import (
     decode_checkpoint,
     decode_messages,
     decode_topic,
+    drop_frame,
     iter_frames,
     messages_frame,
     time_frame,
@@ -335,3 +336,20 @@ async def test_reopen_seals_the_previous_segment_as_it_is(
 
     assert segment_path(region, 0).read_bytes() == before
     assert check_self_contained(segment_path(region, 1), 1) == [(1, 1)]
+
+
+def test_damage_followed_only_by_a_drop_frame_is_not_a_torn_tail(tmp_path: Path) -> None:
+    """Found by tests/fuzz/test_wal.py: re-synchronisation looked for kinds 1..4 only, so damage
+    followed by nothing but a (valid, durable) DROP frame was taken for a torn tail and
+    recovery truncated the DROP away (the deleted topic came back)."""
+    head = checkpoint_frame(0, 1_000, "r") + topic_frame(1, "/default/t")
+    damaged = bytearray(b"".join(messages_frame(1, 0, [Entry(b"x", ingest_ms=1_000)])))
+    damaged[-1] ^= 0xFF  # the body CRC no longer matches
+    data = head + bytes(damaged) + drop_frame(1, 1)
+    assert scan(data).resync_position == len(head) + len(damaged)
+    region = tmp_path / "r"
+    region.mkdir()
+    segment_path(region, 0).write_bytes(data)
+    with pytest.raises(WalCorruptionError):
+        recover_region(region)
+    assert segment_path(region, 0).read_bytes() == data
