@@ -204,6 +204,7 @@ class Broker:
         self.objects: ObjectStore | None = None
         self.uploader: SegmentUploader | None = None
         self.tail_handover: TailHandover | None = None
+        self._wal_id: str | None = None
         self.cleaner: WalCleaner | None = None
         self.clock_keeper: ClockKeeper | None = None
         self.port = 0
@@ -232,6 +233,9 @@ class Broker:
         if self._lock is None:
             self._lock = DataDirLock.acquire(*data_dirs(config))
         dir_id = data_dir_id(config.broker.data_dir)
+        # Stored with this broker's offset reservations: a takeover's tail can be recovered
+        # only from the WAL it was written to (``objects.handover``). None: a WAL in memory.
+        self._wal_id = None if config.storage.mode == "memory" else data_dir_id(config.wal_dir())
         gate = _StartupGate()
         server = self._bind(gate)
         await server.start()
@@ -282,7 +286,7 @@ class Broker:
             records=records,
             keys=keys,
             ownership=ownership,
-            reservations=OffsetReservation(ownership),
+            reservations=OffsetReservation(ownership, wal_id=self._wal_id),
             progress=self._progress,
             schemas=schemas,
             limits=config.limits,
@@ -418,7 +422,13 @@ class Broker:
                     retry=RetryPolicy.from_config(storage.uploader),
                     max_bytes_per_second=storage.uploader.max_bytes_per_second,
                 )
-                self.tail_handover = TailHandover(store, self.uploader, manifest, ownership)
+                self.tail_handover = TailHandover(
+                    store,
+                    self.uploader,
+                    manifest,
+                    ownership,
+                    wal_id=self._wal_id,
+                )
         self.cleaner = WalCleaner(
             store,
             broker_id=broker_id,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -277,6 +278,66 @@ async def test_a_forgotten_owner_is_skipped_with_a_recorded_jump(
         f"forgotten: {len(acked)} acked, {len(acked) - record.committed} of them lost with "
         f"broker-a; survivor continued at {reserved}"
     )
+
+
+def _wipe(broker: BrokerProcess) -> None:
+    """Replace the broker's disk: everything in its data directory but its log is gone."""
+    for path in broker.data_dir.iterdir():
+        if path != broker.log_path:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+@pytest.mark.slow
+async def test_an_owner_restarted_on_a_wiped_data_dir_declares_its_tail_lost(
+    start_broker: StartBroker, kv: EtcdKV, keys: Keys
+) -> None:
+    a = await start_broker("broker-a")
+    b = await start_broker("broker-b")
+    await _subscribe_before(a.url)
+    acked, _ = await _publish_to_owner(a.url)
+    reserved = await _reserved(kv, keys)
+    wal_id = (a.data_dir / "wal" / "ID").read_text().strip()
+
+    a.kill(signal.SIGKILL)
+    survivor = BatchProducer(b.url, TOPIC, producer_name="after", linger_ms=1)
+    await survivor.start()
+    try:
+        stored = asyncio.ensure_future(await survivor.send_many([b"after-0", b"after-1"]))
+        record = await _wait_record(kv, keys, PENDING)
+        assert record.previous_wal_id == wal_id
+        tail = len(acked) - record.committed
+        assert tail > 0, "every acknowledged message was uploaded before the kill"
+        # A comes back on an empty disk: its acknowledged tail is gone. Resolving the wait as
+        # recovered at the manifest's end would hand those offsets out again.
+        _wipe(a)
+        await asyncio.to_thread(a.start)
+        ranges = await asyncio.wait_for(stored, WAIT)
+    finally:
+        await survivor.close()
+
+    assert (a.data_dir / "wal" / "ID").read_text().strip() != wal_id
+    lost = await _wait_record(kv, keys, LOST)
+    assert (lost.end, lost.lost_offsets) == (reserved, reserved - record.committed)
+    assert [list(r) for r in ranges] == [[reserved, reserved + 1]]
+    [jump] = await read_jumps(kv, keys, TOPIC)
+    assert (jump.start, jump.end, jump.broker, jump.reason) == (
+        record.committed,
+        reserved,
+        "broker-a",
+        "lost",
+    )
+    assert "tail lost with the previous WAL" in a.log_text()
+    registered = await kv.get(keys.broker("broker-b"))
+    assert registered is not None
+    figures = scrape(f"{json.loads(registered.value)['metrics_url']}/metrics")
+    assert figures[("danube_ingest_takeover_lost_offsets_total", ())] == lost.lost_offsets
+    # What the survivor serves: the committed entries, then its own after the recorded jump;
+    # no offset is served twice.
+    delivered = await _deliver_all(b.url, {b"after-0", b"after-1"})
+    offsets = [o for o, _ in delivered]
+    assert sorted(offsets) == [*range(record.committed), reserved, reserved + 1]
+    assert "Traceback" not in a.log_text() + b.log_text()
+    print(f"wiped: {tail} acknowledged offsets lost with broker-a's disk, recorded as a jump")
 
 
 @pytest.mark.slow
