@@ -294,6 +294,7 @@ class Broker:
             consumer_idle_seconds=float(config.dispatch.consumer_idle_seconds),
             manifest=manifest,
             hand_over_on_close=self.uploader is not None,
+            shutdown_upload_seconds=float(config.storage.uploader.shutdown_upload_seconds),
         )
         if self.clock_keeper is not None:
             self.clock_keeper.start()
@@ -427,6 +428,7 @@ class Broker:
                     self.uploader,
                     manifest,
                     ownership,
+                    interval=float(storage.uploader.handover_check_seconds),
                     wal_id=self._wal_id,
                 )
         self.cleaner = WalCleaner(
