@@ -233,15 +233,15 @@ class Broker:
         if self._lock is None:
             self._lock = DataDirLock.acquire(*data_dirs(config))
         dir_id = data_dir_id(config.broker.data_dir)
-        # Stored with this broker's offset reservations: a takeover's tail can be recovered
-        # only from the WAL it was written to (``objects.handover``). None: a WAL in memory.
-        self._wal_id = None if config.storage.mode == "memory" else data_dir_id(config.wal_dir())
         gate = _StartupGate()
         server = self._bind(gate)
         await server.start()
         self._server = server
         await self._start_http()
         self.store = await TopicStore.from_config(config)
+        # Stored with this broker's offset reservations: a takeover's tail can be recovered
+        # only from the WAL it was written to (``objects.handover``). None: a WAL in memory.
+        self._wal_id = None if config.storage.mode == "memory" else data_dir_id(config.wal_dir())
         if self._kv is None:
             endpoints = config.etcd.endpoints
             if endpoints == ["memory"]:
