@@ -204,6 +204,7 @@ class Broker:
         self.objects: ObjectStore | None = None
         self.uploader: SegmentUploader | None = None
         self.tail_handover: TailHandover | None = None
+        self._wal_id: str | None = None
         self.cleaner: WalCleaner | None = None
         self.clock_keeper: ClockKeeper | None = None
         self.port = 0
@@ -238,6 +239,9 @@ class Broker:
         self._server = server
         await self._start_http()
         self.store = await TopicStore.from_config(config)
+        # Stored with this broker's offset reservations: a takeover's tail can be recovered
+        # only from the WAL it was written to (``objects.handover``). None: a WAL in memory.
+        self._wal_id = None if config.storage.mode == "memory" else data_dir_id(config.wal_dir())
         if self._kv is None:
             endpoints = config.etcd.endpoints
             if endpoints == ["memory"]:
@@ -282,7 +286,7 @@ class Broker:
             records=records,
             keys=keys,
             ownership=ownership,
-            reservations=OffsetReservation(ownership),
+            reservations=OffsetReservation(ownership, wal_id=self._wal_id),
             progress=self._progress,
             schemas=schemas,
             limits=config.limits,
@@ -290,6 +294,7 @@ class Broker:
             consumer_idle_seconds=float(config.dispatch.consumer_idle_seconds),
             manifest=manifest,
             hand_over_on_close=self.uploader is not None,
+            shutdown_upload_seconds=float(config.storage.uploader.shutdown_upload_seconds),
         )
         if self.clock_keeper is not None:
             self.clock_keeper.start()
@@ -418,7 +423,14 @@ class Broker:
                     retry=RetryPolicy.from_config(storage.uploader),
                     max_bytes_per_second=storage.uploader.max_bytes_per_second,
                 )
-                self.tail_handover = TailHandover(store, self.uploader, manifest, ownership)
+                self.tail_handover = TailHandover(
+                    store,
+                    self.uploader,
+                    manifest,
+                    ownership,
+                    interval=float(storage.uploader.handover_check_seconds),
+                    wal_id=self._wal_id,
+                )
         self.cleaner = WalCleaner(
             store,
             broker_id=broker_id,

@@ -6,11 +6,12 @@ broker's and the manifest ends below it, that broker may hold acknowledged entri
 uploaded; the gate records a pending takeover (``metadata.handover``) and raises
 ``TakeoverPendingError`` (gRPC ``UNAVAILABLE``, retriable) until the record is resolved:
 
-* recovered: the previous broker committed its tail; the owner continues at the manifest's end
-  (no gap, no recorded jump);
-* lost (``danube-ingest brokers forget``, before or during the wait): the owner continues at
-  the reservation; the jump over the lost range was recorded with the resolution, and it is
-  counted in ``danube_ingest_takeover_lost_offsets``.
+* recovered: the previous broker, restarted on the WAL it wrote the tail to, committed its tail;
+  the owner continues at the manifest's end (no gap, no recorded jump);
+* lost (``danube-ingest brokers forget``, before or during the wait, or the previous broker
+  restarted on another WAL, its data directory wiped): the owner continues at the reservation;
+  the jump over the lost range was recorded with the resolution, and it is counted in
+  ``danube_ingest_takeover_lost_offsets``.
 
 Without an object store (``local_only``) a new owner reads nothing the old one stored anyway,
 and the gate is not used.
@@ -64,7 +65,12 @@ class TakeoverGate:
         found = await read_handover(kv, keys, topic)
         if found is None or not found[0].concerns(previous, reserved):
             found = await begin_handover(
-                self._ownership, topic, previous=previous, committed=manifest_end, reserved=reserved
+                self._ownership,
+                topic,
+                previous=previous,
+                committed=manifest_end,
+                reserved=reserved,
+                previous_wal_id=self._reservations.previous_wal_id(topic),
             )
         record = found[0]
         # Declared lost before this takeover began (and not back): skip its tail as

@@ -121,9 +121,10 @@ UNLOAD_HOLD_SECONDS = 30.0
 #: An unload waits this long for the uploader to commit the topic's WAL tail; if it cannot,
 #: the unload is given up and the topic stays here (handing it over would leave a gap).
 UNLOAD_UPLOAD_TIMEOUT = 60.0
-#: A clean shutdown waits at most this long for the uploader to commit the WAL tails of the
-#: topics served here (so their next owners need not wait for this broker's restart); well
-#: within the 30 s a supervisor typically allows between SIGTERM and SIGKILL.
+#: A clean shutdown waits at most this long (by default; storage.uploader.shutdown_upload_seconds)
+#: for the uploader to commit the WAL tails of the topics served here (so their next owners
+#: need not wait for this broker's restart); well within the 30 s a supervisor typically allows
+#: between SIGTERM and SIGKILL.
 SHUTDOWN_UPLOAD_TIMEOUT = 10.0
 
 
@@ -174,11 +175,14 @@ class TopicManager:
         consumer_idle_seconds: float = 30.0,
         manifest: Manifest | None = None,
         hand_over_on_close: bool = False,
+        shutdown_upload_seconds: float = SHUTDOWN_UPLOAD_TIMEOUT,
     ) -> None:
         """``hand_over_on_close``: an uploader runs (``close`` then commits every topic's WAL
-        tail and hands its exact end over, see ``_hand_over_all``)."""
+        tail and hands its exact end over, waiting at most ``shutdown_upload_seconds``, see
+        ``_hand_over_all``)."""
         self.broker_id = broker_id
         self._hand_over_on_close = hand_over_on_close
+        self._shutdown_upload_seconds = shutdown_upload_seconds
         self._manifest = manifest
         self.broker_url = broker_url
         self._store = store
@@ -1207,7 +1211,7 @@ class TopicManager:
         """Shutdown: commit every reliable topic's WAL tail and set its reservation to the exact
         end, so that the next owner continues at once, with no gap and no wait
         (``broker.takeover``). A topic whose tail is not committed within
-        SHUTDOWN_UPLOAD_TIMEOUT is released as it is: its next owner waits for this broker's
+        ``shutdown_upload_seconds`` is released as it is: its next owner waits for this broker's
         restart (or ``brokers forget``)."""
         ends: dict[str, int] = {}
         sealed: set[str] = set()
@@ -1220,7 +1224,7 @@ class TopicManager:
                 ends[name] = self._store.seal(name)
             else:
                 ends[name] = self._store.next_offset(name)
-        deadline = time.monotonic() + SHUTDOWN_UPLOAD_TIMEOUT
+        deadline = time.monotonic() + self._shutdown_upload_seconds
         while ends:
             for name, end in list(ends.items()):
                 if not self._store.uploaded_below(name, end):
@@ -1239,7 +1243,7 @@ class TopicManager:
             log.warning(
                 "shutdown: WAL tails not committed within %.0f s topics=%s (their next owners "
                 "wait for this broker's restart)",
-                SHUTDOWN_UPLOAD_TIMEOUT,
+                self._shutdown_upload_seconds,
                 ",".join(sorted(ends)),
             )
 

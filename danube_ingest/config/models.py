@@ -378,6 +378,25 @@ class UploaderConfig(_Section):
         gt=0,
         description="Longest delay between two retries. At least retry_base_ms.",
     )
+    handover_check_seconds: _Seconds = Field(
+        default=1,
+        gt=0,
+        description=(
+            "Seconds between two looks for topics taken over from this broker whose new owner "
+            "waits for its unuploaded WAL tail (also looked at on start and when a topic is "
+            "lost): the new owner's clients get UNAVAILABLE until then."
+        ),
+    )
+    shutdown_upload_seconds: _Seconds = Field(
+        default=10,
+        ge=0,
+        description=(
+            "A clean shutdown waits at most this long for the WAL tails of the topics served "
+            "here to be uploaded, so that their next owners continue at once. A tail not "
+            "uploaded by then waits for this broker's restart (or 'brokers forget'). Keep it "
+            "below the supervisor's SIGTERM-to-SIGKILL time."
+        ),
+    )
 
     @field_validator("max_bytes_per_second")
     @classmethod

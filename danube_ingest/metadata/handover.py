@@ -8,6 +8,7 @@ serves nothing of the topic until the record is resolved:
 ``handovers/{ns}/{topic}`` = JSON ``Handover``::
 
     {"previous": broker id whose tail is awaited, "reserved": its reservation's end,
+     "previous_wal_id": the identity of the WAL it wrote that tail to (null: not recorded),
      "committed": the manifest's end when the wait began, "owner": the waiting broker,
      "epoch": its ownership epoch, "state": "pending" | "recovered" | "lost",
      "end": where the new owner continues (resolved records), "at_ms": last change}
@@ -17,12 +18,17 @@ A record is resolved exactly once, by one of:
 * **recovered** (``commit_tail`` then ``resolve_recovered``): the previous broker, restarted or
   woken, commits its orphaned ranges into the manifest in transactions that compare the
   pending record's exact value, then sets ``end`` to the manifest's end. The new owner continues
-  there: no gap, every acknowledged entry readable.
+  there: no gap, every acknowledged entry readable. Only a broker on the WAL the record names
+  may do this: a WAL that holds no entry of the topic then proves every acknowledged one was
+  committed (its segments are deleted only after their ranges are).
 * **lost** (``forget_broker``, the operator's ``danube-ingest brokers forget ID``, or
   ``declare_lost`` by a new owner for a takeover that begins after it): one transaction per
   record, comparing its value, marks it lost with ``end = reserved`` and writes a recorded jump
   ``[committed, reserved)`` with reason ``"lost"`` (``metadata.jumps``). After that the
-  previous broker's ``commit_tail`` compares a changed record and commits nothing.
+  previous broker's ``commit_tail`` compares a changed record and commits nothing. The
+  previous broker itself declares its tail lost (``declare_lost``) when it starts on another
+  WAL than the record names (its data directory was wiped or replaced): the acknowledged tail
+  is gone, and resolving at the manifest's end would let the new owner reuse its offsets.
 
 A record concerns one takeover: ``(previous, reserved)``. A later takeover (another
 previous broker or reservation) replaces it. Records are tiny and kept after resolution (a lost
@@ -79,6 +85,9 @@ class Handover:
     end: int | None = None
     """Resolved: where the new owner continues (recovered: the manifest's exact end)."""
     at_ms: int = 0
+    previous_wal_id: str | None = None
+    """The identity of the WAL the previous broker wrote its tail to (from its reservation;
+    None: not recorded). Only a broker on that WAL can recover the tail."""
 
     def concerns(self, previous: str, reserved: int) -> bool:
         """Whether this record is the takeover from ``previous``'s reservation ``reserved``."""
@@ -92,6 +101,8 @@ class Handover:
     def encode(self) -> bytes:
         doc = dataclasses.asdict(self)
         del doc["topic"]
+        if self.previous_wal_id is None:
+            del doc["previous_wal_id"]  # as records were before it was recorded
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
@@ -128,9 +139,16 @@ async def list_handovers(kv: KV, keys: Keys) -> list[tuple[Handover, KeyValue]]:
 
 
 async def begin_handover(
-    ownership: Ownership, topic: str, *, previous: str, committed: int, reserved: int
+    ownership: Ownership,
+    topic: str,
+    *,
+    previous: str,
+    committed: int,
+    reserved: int,
+    previous_wal_id: str | None = None,
 ) -> tuple[Handover, KeyValue]:
-    """Record that this owner waits for ``previous``'s tail ``[committed, reserved)``.
+    """Record that this owner waits for ``previous``'s tail ``[committed, reserved)``, written
+    to the WAL ``previous_wal_id`` (None: not known).
 
     Fenced by the owner's epoch (``FencedError``: nothing written). Replaces a record of an
     earlier takeover.
@@ -144,6 +162,7 @@ async def begin_handover(
         owner=ownership.session.broker_id,
         epoch=0 if owner is None else owner.epoch,  # not owned: fenced() raises below
         at_ms=_now_ms(),
+        previous_wal_id=previous_wal_id,
     )
     key = ownership.keys.handover(topic)
     result = await ownership.fenced(topic, [Put(key, record.encode()), Get(key)])

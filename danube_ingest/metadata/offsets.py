@@ -1,7 +1,9 @@
 """``OffsetReservation``: offsets are never reused across owners.
 
-``topics/{ns}/{topic}/offsets`` = ``{"reserved": N, "broker": id}`` means offsets below ``N``
-may have been assigned by some owner, and ``id`` made the last reservation. Before assigning an
+``topics/{ns}/{topic}/offsets`` = ``{"reserved": N, "broker": id, "wal_id": W}`` means offsets
+below ``N`` may have been assigned by some owner, ``id`` made the last reservation, and ``W``
+identifies the WAL it wrote them to (``datadir.data_dir_id`` of its WAL directory; absent in
+reservations written before it was recorded, or without a durable WAL). Before assigning an
 offset at or past ``N``, the owner raises ``N`` by a block in a fenced transaction; a new owner
 starts at the stored ``N``. A takeover may therefore leave a gap of up to a block, never a
 duplicate, unless the new owner waits for the previous owner's exact end
@@ -34,6 +36,8 @@ class _Reserved:
     stored: KeyValue | None
     broker: str | None
     """The broker that made the stored reservation (None: unknown or none)."""
+    wal_id: str | None = None
+    """The identity of the WAL that broker wrote to (None: unknown)."""
 
 
 class OffsetReservation:
@@ -43,11 +47,16 @@ class OffsetReservation:
     one epoch is re-read under another.
     """
 
-    def __init__(self, ownership: Ownership, *, block: int = DEFAULT_BLOCK) -> None:
+    def __init__(
+        self, ownership: Ownership, *, block: int = DEFAULT_BLOCK, wal_id: str | None = None
+    ) -> None:
+        """``wal_id``: the identity of this broker's WAL directory, stored with every
+        reservation it makes (None: not recorded, e.g. a WAL in memory)."""
         if block < 1:
             raise MetadataError(f"offset reservation block must be at least 1, got {block}")
         self._ownership = ownership
         self.block = block
+        self.wal_id = wal_id
         self._cache: dict[str, _Reserved] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         ownership.on_lost(self._forget)
@@ -73,6 +82,12 @@ class OffsetReservation:
         entry = self._cache.get(topic)
         return (0, None) if entry is None else (entry.reserved, entry.broker)
 
+    def previous_wal_id(self, topic: str) -> str | None:
+        """The WAL identity stored with the reservation ``previous`` describes (no I/O; None:
+        not recorded)."""
+        entry = self._cache.get(topic)
+        return None if entry is None else entry.wal_id
+
     async def adopt(self, topic: str, next_offset: int) -> None:
         """Make the stored reservation this broker's, at least ``next_offset``, after a
         takeover was resolved (``metadata.handover``): a later acquisition by this broker then
@@ -86,9 +101,9 @@ class OffsetReservation:
             broker = self._ownership.session.broker_id
             reserved = max(entry.reserved, next_offset)
             key = self._ownership.keys.topic_offsets(topic)
-            value = json.dumps({"reserved": reserved, "broker": broker}).encode()
+            value = self._value(reserved, broker)
             result = await self._ownership.fenced(topic, [Put(key, value), Get(key)])
-            self._cache[topic] = _Reserved(epoch, reserved, result.kv(1), broker)
+            self._cache[topic] = _Reserved(epoch, reserved, result.kv(1), broker, self.wal_id)
 
     def covered(self, topic: str, next_offset: int) -> bool:
         """Whether every offset below ``next_offset`` is reserved by this owner (no I/O)."""
@@ -122,14 +137,16 @@ class OffsetReservation:
                     return entry.reserved
                 reserved = max(next_offset, entry.reserved) + self.block
                 broker = self._ownership.session.broker_id
-                value = json.dumps({"reserved": reserved, "broker": broker}).encode()
+                value = self._value(reserved, broker)
                 result = await self._ownership.fenced(
                     topic,
                     [Put(key, value), Get(key)],
                     compares=[Compare.unchanged(key, entry.stored)],
                 )
                 if result.succeeded:
-                    self._cache[topic] = _Reserved(epoch, reserved, result.kv(1), broker)
+                    self._cache[topic] = _Reserved(
+                        epoch, reserved, result.kv(1), broker, self.wal_id
+                    )
                     return reserved
                 entry = None  # changed since read: read again
             raise MetadataError(f"the offset reservation of {topic} kept changing under its owner")
@@ -147,9 +164,14 @@ class OffsetReservation:
             epoch = self._owner(topic).epoch
             broker = self._ownership.session.broker_id
             key = self._ownership.keys.topic_offsets(topic)
-            value = json.dumps({"reserved": next_offset, "broker": broker}).encode()
-            await self._ownership.fenced(topic, [Put(key, value)])
-            self._cache[topic] = _Reserved(epoch, next_offset, None, broker)
+            await self._ownership.fenced(topic, [Put(key, self._value(next_offset, broker))])
+            self._cache[topic] = _Reserved(epoch, next_offset, None, broker, self.wal_id)
+
+    def _value(self, reserved: int, broker: str) -> bytes:
+        doc: dict[str, object] = {"reserved": reserved, "broker": broker}
+        if self.wal_id is not None:
+            doc["wal_id"] = self.wal_id
+        return json.dumps(doc).encode()
 
     def _owner(self, topic: str) -> Owner:
         owner = self._ownership.owned(topic)
@@ -166,9 +188,16 @@ class OffsetReservation:
             doc = json.loads(stored.value)
             reserved = int(doc["reserved"])
             broker = doc.get("broker")
+            wal_id = doc.get("wal_id")
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise MetadataError(f"malformed offset reservation at {key}: {stored.value!r}") from exc
-        return _Reserved(epoch, reserved, stored, broker if isinstance(broker, str) else None)
+        return _Reserved(
+            epoch,
+            reserved,
+            stored,
+            broker if isinstance(broker, str) else None,
+            wal_id if isinstance(wal_id, str) else None,
+        )
 
     def _forget(self, topic: str) -> None:
         self._cache.pop(topic, None)

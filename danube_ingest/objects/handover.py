@@ -14,6 +14,15 @@ owner, it
 3. once every entry of the topic in the WAL is committed, resolves the record as recovered
    at the manifest's end (``resolve_recovered``), where the new owner continues.
 
+A record naming another WAL than this broker's (``wal_id``: its data directory was wiped or
+replaced since it wrote the tail) is resolved as **lost** instead (``declare_lost``: a recorded
+jump over ``[committed, reserved)``): the acknowledged tail is gone with the old WAL, and
+resolving it as recovered at the manifest's end would let the new owner reuse offsets that were
+acknowledged. On the WAL the record names, a WAL with no entry of the topic (its tail was
+uploaded and the segments retired) proves the manifest holds every acknowledged entry: that
+is recovered at the manifest's end. A record without a WAL identity (written before it was
+recorded) is treated as this WAL's.
+
 It looks at start (a restart), when this broker loses a topic, and every ``interval`` seconds
 (a record written while this broker was away or paused). A record declared lost
 (``brokers forget``) is left alone: the ranges stay in the local WAL, never committed.
@@ -31,6 +40,7 @@ from danube_ingest.metadata.handover import (
     PENDING,
     clear_forgotten,
     commit_tail,
+    declare_lost,
     list_handovers,
     read_handover,
     resolve_recovered,
@@ -59,13 +69,17 @@ class TailHandover:
         ownership: Ownership,
         *,
         interval: float = HANDOVER_CHECK_SECONDS,
+        wal_id: str | None = None,
     ) -> None:
+        """``wal_id``: the identity of this broker's WAL directory (``datadir.data_dir_id``);
+        None: unknown, every record is treated as this WAL's."""
         self._store = store
         self._uploader = uploader
         self._manifest = manifest
         self._ownership = ownership
         self._broker_id = ownership.session.broker_id
         self._interval = interval
+        self._wal_id = wal_id
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         #: topic -> the next offset its WAL tail was sealed at (sealed once per tail)
@@ -109,6 +123,20 @@ class TailHandover:
                 continue
             if self._ownership.is_owner(topic):
                 continue  # this broker holds it again: its own reservation, nothing to hand
+            if self._wal_id is not None and record.previous_wal_id not in (None, self._wal_id):
+                if await declare_lost(kv, keys, stored, self._broker_id) is not None:
+                    log.warning(
+                        "takeover resolved: tail lost with the previous WAL topic=%s from=%d "
+                        "to=%d wal_id=%s previous_wal_id=%s (this broker started on another "
+                        "data directory)",
+                        topic,
+                        record.committed,
+                        record.reserved,
+                        self._wal_id,
+                        record.previous_wal_id,
+                    )
+                    resolved.append(topic)
+                continue
             info = self._store.info(topic)
             local_end = 0 if info is None else info.next_offset
             if local_end > record.committed and not self._store.uploaded_below(topic, local_end):

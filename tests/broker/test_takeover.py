@@ -13,15 +13,20 @@ place so a fuller history checker can replace them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
+from danube.proto import DanubeApi_pb2 as pb
 
 from danube_ingest.cli.admin import scrape
 from danube_ingest.client import Producer as BatchProducer
@@ -277,6 +282,163 @@ async def test_a_forgotten_owner_is_skipped_with_a_recorded_jump(
         f"forgotten: {len(acked)} acked, {len(acked) - record.committed} of them lost with "
         f"broker-a; survivor continued at {reserved}"
     )
+
+
+async def _retrying(what: Callable[[], Awaitable[object]], codes: list[grpc.StatusCode]) -> None:
+    """Await ``what()`` until it succeeds, as an application does on a retriable error:
+    danube-client gives up after its own few retries (seconds). Every error must be a gRPC
+    status (recorded in ``codes``); anything else fails the test."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            await what()
+            return
+        except grpc.aio.AioRpcError as exc:
+            codes.append(exc.code())
+            assert time.monotonic() < deadline, f"still failing: {exc}"
+            await asyncio.sleep(0.2)
+
+
+@pytest.mark.slow
+async def test_danube_client_rides_through_a_pending_takeover(
+    start_broker: StartBroker, kv: EtcdKV, keys: Keys
+) -> None:
+    a = await start_broker("broker-a")
+    b = await start_broker("broker-b")
+    await _subscribe_before(a.url)
+    acked, sent = await _publish_to_owner(a.url)
+
+    a.kill(signal.SIGKILL)
+    # A producer and an Exclusive consumer (subscription s1, nothing acknowledged yet) that
+    # know only the survivor's URL, started while the old owner is down.
+    client = await _client(b.url)
+    after = [f"after-{i}".encode() for i in range(20)]
+    producer_codes: list[grpc.StatusCode] = []
+    consumer_codes: list[grpc.StatusCode] = []
+    served: list[tuple[int, bytes, str]] = []
+    expected = acked | set(after)
+
+    async def produce() -> None:
+        holder: list[Any] = []
+
+        async def create() -> None:
+            holder[:] = [await _producer(client, "p2")]
+
+        await _retrying(create, producer_codes)
+        for payload in after:
+            await _retrying(lambda p=payload: holder[0].send(p), producer_codes)
+        await holder[0].close()
+
+    async def consume() -> None:
+        holder: list[Any] = []
+
+        async def subscribe() -> None:
+            holder[:] = [await _consumer(client)]
+
+        await _retrying(subscribe, consumer_codes)
+        consumer, queue = holder[0]
+        try:
+            while not expected <= {p for _, p, _ in served}:
+                message: pb.StreamMessage = await queue.get()
+                served.append(
+                    (message.msg_id.topic_offset, message.payload, message.msg_id.broker_addr)
+                )
+                await consumer.ack(message)
+            with contextlib.suppress(TimeoutError):  # anything more would be a duplicate
+                while True:
+                    message = await asyncio.wait_for(queue.get(), 1.0)
+                    served.append(
+                        (message.msg_id.topic_offset, message.payload, message.msg_id.broker_addr)
+                    )
+        finally:
+            await consumer.close()
+
+    riders = asyncio.ensure_future(asyncio.gather(produce(), consume()))
+    try:
+        record = await _wait_record(kv, keys, PENDING)
+        await asyncio.sleep(RESTART_AFTER)
+        assert not riders.done() and not served, "served before the old owner's tail was back"
+        assert producer_codes and consumer_codes, "the clients were not refused meanwhile"
+        await asyncio.to_thread(a.start)
+        await asyncio.wait_for(asyncio.shield(riders), WAIT)
+    finally:
+        riders.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await riders
+
+    # Refused only with UNAVAILABLE (retriable), then served by the survivor.
+    assert set(producer_codes) | set(consumer_codes) == {grpc.StatusCode.UNAVAILABLE}
+    assert {broker for _, _, broker in served} == {b.url}
+    lost, duplicated = _check_history(expected, [(o, p) for o, p, _ in served])
+    done = await _wait_record(kv, keys, RECOVERED)
+    assert await read_jumps(kv, keys, TOPIC) == []
+    assert "Traceback" not in a.log_text() + b.log_text()
+    print(
+        f"danube-client through a takeover: {len(acked)} acked before the kill ({sent} via "
+        f"danube-client), {len(acked) - record.committed} only in the dead owner's WAL; "
+        f"refused {len(producer_codes)}+{len(consumer_codes)} times (UNAVAILABLE); "
+        f"lost {lost}, duplicated {duplicated}; survivor continued at {done.end}"
+    )
+
+
+def _wipe(broker: BrokerProcess) -> None:
+    """Replace the broker's disk: everything in its data directory but its log is gone."""
+    for path in broker.data_dir.iterdir():
+        if path != broker.log_path:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+@pytest.mark.slow
+async def test_an_owner_restarted_on_a_wiped_data_dir_declares_its_tail_lost(
+    start_broker: StartBroker, kv: EtcdKV, keys: Keys
+) -> None:
+    a = await start_broker("broker-a")
+    b = await start_broker("broker-b")
+    await _subscribe_before(a.url)
+    acked, _ = await _publish_to_owner(a.url)
+    reserved = await _reserved(kv, keys)
+    wal_id = (a.data_dir / "wal" / "ID").read_text().strip()
+
+    a.kill(signal.SIGKILL)
+    survivor = BatchProducer(b.url, TOPIC, producer_name="after", linger_ms=1)
+    await survivor.start()
+    try:
+        stored = asyncio.ensure_future(await survivor.send_many([b"after-0", b"after-1"]))
+        record = await _wait_record(kv, keys, PENDING)
+        assert record.previous_wal_id == wal_id
+        tail = len(acked) - record.committed
+        assert tail > 0, "every acknowledged message was uploaded before the kill"
+        # A comes back on an empty disk: its acknowledged tail is gone. Resolving the wait as
+        # recovered at the manifest's end would hand those offsets out again.
+        _wipe(a)
+        await asyncio.to_thread(a.start)
+        ranges = await asyncio.wait_for(stored, WAIT)
+    finally:
+        await survivor.close()
+
+    assert (a.data_dir / "wal" / "ID").read_text().strip() != wal_id
+    lost = await _wait_record(kv, keys, LOST)
+    assert (lost.end, lost.lost_offsets) == (reserved, reserved - record.committed)
+    assert [list(r) for r in ranges] == [[reserved, reserved + 1]]
+    [jump] = await read_jumps(kv, keys, TOPIC)
+    assert (jump.start, jump.end, jump.broker, jump.reason) == (
+        record.committed,
+        reserved,
+        "broker-a",
+        "lost",
+    )
+    assert "tail lost with the previous WAL" in a.log_text()
+    registered = await kv.get(keys.broker("broker-b"))
+    assert registered is not None
+    figures = scrape(f"{json.loads(registered.value)['metrics_url']}/metrics")
+    assert figures[("danube_ingest_takeover_lost_offsets_total", ())] == lost.lost_offsets
+    # What the survivor serves: the committed entries, then its own after the recorded jump;
+    # no offset is served twice.
+    delivered = await _deliver_all(b.url, {b"after-0", b"after-1"})
+    offsets = [o for o, _ in delivered]
+    assert sorted(offsets) == [*range(record.committed), reserved, reserved + 1]
+    assert "Traceback" not in a.log_text() + b.log_text()
+    print(f"wiped: {tail} acknowledged offsets lost with broker-a's disk, recorded as a jump")
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@ broker declared lost (a recorded jump); neither can race the other."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from danube_ingest.broker.errors import TakeoverPendingError
@@ -187,3 +189,35 @@ async def test_the_gate_waits_while_pending_and_continues_at_the_recovered_end(
     assert done is not None and (done.state, done.end) == (RECOVERED, 20)
     await b.offsets.adopt(TOPIC, 20)
     assert await gate.check(TOPIC, 20) is None  # the reservation is B's now
+
+
+async def test_the_record_names_the_wal_the_previous_owner_reserved_under(
+    brokers: tuple[Broker, Broker], kv: KV, keys: Keys
+) -> None:
+    a, b = brokers
+    a.offsets.wal_id = "wal-of-a"
+    b.offsets.wal_id = "wal-of-b"
+    await a.ownership.acquire(TOPIC)
+    reserved = await a.offsets.ensure(TOPIC, 25)
+    await a.ownership.release(TOPIC)
+    await b.ownership.acquire(TOPIC)
+    await b.offsets.start_offset(TOPIC)
+    assert b.offsets.previous_wal_id(TOPIC) == "wal-of-a"
+    gate = TakeoverGate(b.ownership, b.offsets)
+    with pytest.raises(TakeoverPendingError):
+        await gate.check(TOPIC, 0)
+    found = await read_handover(kv, keys, TOPIC)
+    assert found is not None
+    record, stored = found
+    assert (record.previous, record.reserved, record.previous_wal_id) == ("a", reserved, "wal-of-a")
+    # Records written before the WAL was named read as "not recorded", and encode as before.
+    old = json.loads(stored.value)
+    del old["previous_wal_id"]
+    legacy = Handover.decode(TOPIC, json.dumps(old).encode(), stored.key)
+    assert legacy.previous_wal_id is None
+    assert json.loads(legacy.encode()) == old
+    # The new owner's own reservation carries its WAL from now on.
+    await b.offsets.adopt(TOPIC, 0)
+    stored_reservation = await kv.get(keys.topic_offsets(TOPIC))
+    assert stored_reservation is not None
+    assert json.loads(stored_reservation.value)["wal_id"] == "wal-of-b"
