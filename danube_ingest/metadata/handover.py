@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from danube_ingest.metadata import values
 from danube_ingest.metadata.errors import MetadataError
 from danube_ingest.metadata.jumps import OffsetJump
 from danube_ingest.metadata.keys import Keys
@@ -109,12 +110,19 @@ class Handover:
     def decode(cls, topic: str, data: bytes, key: str) -> Handover:
         """Parse a record stored at ``key``; ``MetadataError`` naming ``key`` if malformed."""
         try:
-            raw = json.loads(data)
+            raw = values.loads(data)
             record = cls(topic=topic, **raw)
         except (ValueError, TypeError) as exc:
             raise MetadataError(f"malformed takeover record at {key}: {exc}") from exc
-        if record.state not in (PENDING, RECOVERED, LOST) or not (
-            0 <= record.committed < record.reserved
+        texts = (record.previous, record.owner)
+        numbers = (record.reserved, record.committed, record.epoch, record.at_ms)
+        if (
+            not all(isinstance(t, str) for t in texts)
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers)
+            or not (record.end is None or (isinstance(record.end, int) and record.end >= 0))
+            or not (record.previous_wal_id is None or isinstance(record.previous_wal_id, str))
+            or record.state not in (PENDING, RECOVERED, LOST)
+            or not (0 <= record.committed < record.reserved)
         ):
             raise MetadataError(f"malformed takeover record at {key}: {data!r}")
         return record

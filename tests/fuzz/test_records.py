@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from danube_ingest.metadata.clock import TopicClock
 from danube_ingest.metadata.compaction import _State as CompactionState
 from danube_ingest.metadata.errors import MetadataError
+from danube_ingest.metadata.handover import Handover
 from danube_ingest.metadata.jumps import OffsetJump
 from danube_ingest.metadata.manifest import ObjectRange, Retired, TopicFloor
 from danube_ingest.metadata.marks import _decode_mark
@@ -66,6 +67,10 @@ DECODERS: dict[str, tuple[Callable[[bytes], Any], list[str]]] = {
     "floor": (lambda d: TopicFloor.decode(d, KEY), ["offset", "expired_ms", "reason"]),
     "retired": (lambda d: Retired.decode(d, KEY), ["object_key", "retired_ms"]),
     "compaction": (lambda d: CompactionState.decode(d, KEY), ["samples", "compacted"]),
+    "handover": (
+        lambda d: Handover.decode("/default/t", d, KEY),
+        [f for f in _fields(Handover) if f != "topic"],
+    ),
 }
 
 #: Values that look right for most fields, so records get past their first check.
