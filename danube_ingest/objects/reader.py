@@ -17,8 +17,11 @@ kept as :class:`~danube_ingest.wal.stored.StoredEntries` (the decompressed bytes
 entry's bounds), which the reader hands on in slices over the following reads of the cursor.
 
 Memory per cursor is bounded by ``prefetch + 1`` reads of at most ``read_bytes`` of stored
-bytes (the default: 3 x 4 MiB), decoded or, with ``stored``, decompressed
-(:attr:`ObjectCursor.held_bytes`); a read's bytes are let go once the cursor moved past it.
+bytes (the default: 3 x 4 MiB), decoded; a read's entries are let go once the cursor moved past
+it. With ``stored``, a read is also held to about ``read_bytes`` *decompressed*
+(:attr:`ObjectCursor.held_bytes`): its size in stored bytes follows the compression ratio of
+the cursor's last read (its first reads take one frame each), so a well-compressed topic does
+not multiply the bound by its ratio. A read takes at least one frame whatever its size.
 Offsets missing between two manifest ranges were jumped over (a takeover's reservation gap)
 and never existed; the cursor passes over them, as WAL readers do. Offsets below the topic's
 retained floor (retention removed their ranges, :mod:`danube_ingest.objects.retention`) are
@@ -116,6 +119,8 @@ class ObjectCursor:
         self._cloud = cloud
         self.topic = topic
         self._stored = stored
+        # Decompressed / stored bytes of the last read (``stored``; None before the first).
+        self._ratio: float | None = None
         self._ranges: deque[ObjectRange] = deque()
         self._range: ObjectRange | None = None
         self._frames: deque[FrameRef] = deque()
@@ -240,12 +245,15 @@ class ObjectCursor:
         self._schedule()
         if not inflight:
             return
-        _, task = inflight.popleft()
+        refs, task = inflight.popleft()
         try:
             entries = await task
         except BaseException:
             self._cancel_inflight()
             raise
+        if isinstance(entries, StoredEntries) and entries:
+            stored_size = refs[-1].position + refs[-1].length - refs[0].position
+            self._ratio = entries.nbytes / stored_size
         self._schedule()
         self._entries = entries
         self._pos = 0
@@ -262,15 +270,19 @@ class ObjectCursor:
             self._inflight.append((refs, task))
 
     def _take(self) -> list[FrameRef]:
-        """The frames of the next read: consecutive, at least one, at most ``read_bytes``."""
+        """The frames of the next read: consecutive, at least one, at most ``read_bytes`` (with
+        ``stored``: stored bytes that decompress to about ``read_bytes``, by the last ratio)."""
         frames = self._frames
         refs = [frames[0]]
         total = frames[0].length
+        budget = self._cloud.read_bytes
+        if self._stored:
+            if self._ratio is None:
+                return refs  # the ratio is not known yet: one frame
+            budget = min(budget, int(budget / max(self._ratio, 1.0)))
         for i in range(1, len(frames)):
             ref = frames[i]
-            if total + ref.length > self._cloud.read_bytes or ref.position != (
-                refs[-1].position + refs[-1].length
-            ):
+            if total + ref.length > budget or ref.position != (refs[-1].position + refs[-1].length):
                 break
             refs.append(ref)
             total += ref.length
