@@ -47,7 +47,7 @@ from danube_ingest.objects.binfmt import (
 )
 from danube_ingest.objects.store import ObjectStore
 from danube_ingest.wal.framing import Entry
-from danube_ingest.wal.stored import StoredEntries, last_offset
+from danube_ingest.wal.stored import StoredEntries, last_offset, offset_at
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class ObjectCursor:
         while True:
             entries = self._entries
             pos = self._pos
-            while pos < len(entries) and _offset_at(entries, pos) < nxt:
+            while pos < len(entries) and offset_at(entries, pos) < nxt:
                 pos += 1
             if pos < len(entries):
                 batch = entries[pos : pos + max_batch]
@@ -312,12 +312,6 @@ def _decode_frames(data: bytes, refs: list[FrameRef], key: str) -> list[Entry]:
         start = ref.position - base
         out.extend(decode_frame_bytes(view[start : start + ref.length], ref, key))
     return out
-
-
-def _offset_at(entries: Sequence[Entry], index: int) -> int:
-    if isinstance(entries, StoredEntries):
-        return entries.offset_at(index)
-    return entries[index].offset
 
 
 def _stored_frames(data: bytes, refs: list[FrameRef], key: str) -> StoredEntries:

@@ -56,7 +56,7 @@ from danube_ingest.wal.log import (
 )
 from danube_ingest.wal.meta import TopicMeta, fsync_dir, write_atomic
 from danube_ingest.wal.space import DiskFree, disk_free
-from danube_ingest.wal.stored import StoredEntries, first_offset, last_offset
+from danube_ingest.wal.stored import StoredEntries, last_offset, offset_at
 
 if TYPE_CHECKING:
     from danube_ingest.objects.reader import CloudReader, ObjectCursor
@@ -708,18 +708,22 @@ class TopicReader:
         self._closed = False
         self._waiter: asyncio.Future[None] | None = None
         self._cold: ObjectCursor | None = None
+        # ``stored``: the segment frame last read, (segment, position), its body and entry
+        # bounds: a frame is usually taken over several read batches (256 of 1,000 entries).
+        self._last_frame: tuple[tuple[int, int], StoredEntries] | None = None
 
     @property
     def position(self) -> int:
         """The offset of the next entry this reader yields."""
         if self._buffer_pos < len(self._buffer):
-            return first_offset(self._buffer[self._buffer_pos :])
+            return offset_at(self._buffer, self._buffer_pos)
         return self._next
 
     def close(self) -> None:
         """End the reader: a pending ``next_batch`` returns an empty batch."""
         self._closed = True
         self._close_cold()
+        self._last_frame = None
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -897,6 +901,7 @@ class TopicReader:
             view = memoryview(data)
             p = 0
             while p < len(data) and nxt < stop and len(out) < self._max_batch:
+                at = position + p
                 try:
                     frame = decode_frame(view, p)
                 except TruncatedFrameError:
@@ -924,7 +929,10 @@ class TopicReader:
                 limit = min(self._max_batch - len(out), stop - nxt)
                 take: Sequence[Entry]
                 if self._stored:
-                    take = StoredEntries.of_body(bytes(frame.body), first, limit)
+                    last = self._last_frame
+                    if last is None or last[0] != (seq, at):
+                        last = self._last_frame = ((seq, at), StoredEntries.of_body(frame.body))
+                    take = last[1][first : first + limit]
                 else:
                     _, take = decode_messages(frame.body, first, limit)
                 out.add(take)

@@ -133,13 +133,14 @@ class StoredEntries(Sequence[Entry]):
     @classmethod
     def of_body(
         cls,
-        body: bytes,
+        body: bytes | memoryview,
         skip: int = 0,
         limit: int | None = None,
         bounds: npt.NDArray[np.int64] | None = None,
     ) -> StoredEntries:
         """Entries ``[skip, skip + limit)`` of the MESSAGES ``body`` (``bounds``: its
         :func:`entry_bounds`, computed when not given)."""
+        body = bytes(body)  # (a memoryview: copied; bytes: as is)
         if bounds is None:
             bounds = entry_bounds(body)
         count = len(bounds) - 1
@@ -247,6 +248,13 @@ class StoredEntries(Sequence[Entry]):
         return (parts[0] if len(parts) == 1 else b"".join(parts)), table.tobytes()
 
 
+def offset_at(entries: Sequence[Entry], index: int) -> int:
+    """The offset of ``entries[index]`` (without building it for :class:`StoredEntries`)."""
+    if isinstance(entries, StoredEntries):
+        return entries.offset_at(index)
+    return entries[index].offset
+
+
 def first_offset(entries: Sequence[Entry]) -> int:
     """The offset of ``entries[0]`` (without building it for :class:`StoredEntries`)."""
     return entries.first_offset if isinstance(entries, StoredEntries) else entries[0].offset
@@ -257,4 +265,4 @@ def last_offset(entries: Sequence[Entry]) -> int:
     return entries.last_offset if isinstance(entries, StoredEntries) else entries[-1].offset
 
 
-__all__ = ["StoredEntries", "entry_bounds", "first_offset", "last_offset"]
+__all__ = ["StoredEntries", "entry_bounds", "first_offset", "last_offset", "offset_at"]
