@@ -58,7 +58,7 @@ import heapq
 import itertools
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from danube_ingest.dispatch.clock import Clock, LoopClock, Timer
@@ -72,6 +72,7 @@ from danube_ingest.dispatch.runs import Run
 from danube_ingest.errors import ConfigError, DanubeIngestError, OffsetOutOfRangeError
 from danube_ingest.store.topic_store import TopicReader, TopicStore
 from danube_ingest.wal.framing import Entry
+from danube_ingest.wal.stored import StoredEntries, first_offset, last_offset
 
 log = logging.getLogger(__name__)
 
@@ -213,8 +214,10 @@ class ReliableSubscription:
         )
         self._read_next = start_offset
         self._cursor = start_offset
+        # Exclusive and Failover read stored entries: a frame consumer gets their bytes and
+        # no Entry is built unless something needs one (see wal.stored).
         self._reader: TopicReader = store.create_reader(
-            topic, start_offset, max_batch=self.policy.read_batch
+            topic, start_offset, max_batch=self.policy.read_batch, stored=self._frames
         )
         self._reader_done = False
         self._can_read = asyncio.Event()
@@ -538,7 +541,7 @@ class ReliableSubscription:
                         self._make_ready(message)
                 else:
                     self._add_runs(batch)
-                self._read_next = batch[-1].offset + 1
+                self._read_next = last_offset(batch) + 1
                 self._dispatch()
         except asyncio.CancelledError:
             raise
@@ -564,26 +567,30 @@ class ReliableSubscription:
         self.stats.skipped += first_offset - self._read_next
         self._reader.close()
         self._reader = self._store.create_reader(
-            self.topic, first_offset, max_batch=self.policy.read_batch
+            self.topic, first_offset, max_batch=self.policy.read_batch, stored=self._frames
         )
         self._read_next = first_offset
         self._advance_cursor()
 
     # -- dispatching ------------------------------------------------------------------------
 
-    def _add_runs(self, batch: list[Entry]) -> None:
+    def _add_runs(self, batch: Sequence[Entry]) -> None:
         """Track a read batch as runs: one, unless offsets jump inside it."""
-        base = batch[0].offset
-        if batch[-1].offset - base + 1 == len(batch):
-            pieces: list[list[Entry]] = [batch]
+        base = first_offset(batch)
+        pieces: Sequence[Sequence[Entry]]
+        if last_offset(batch) - base + 1 == len(batch):
+            pieces = [batch]
+        elif isinstance(batch, StoredEntries):
+            pieces = batch.pieces()
         else:
-            pieces = [[batch[0]]]
+            lists: list[list[Entry]] = [[batch[0]]]
             for entry in batch[1:]:
-                if entry.offset != pieces[-1][-1].offset + 1:
-                    pieces.append([])
-                pieces[-1].append(entry)
+                if entry.offset != lists[-1][-1].offset + 1:
+                    lists.append([])
+                lists[-1].append(entry)
+            pieces = lists
         for entries in pieces:
-            run = Run(entries[0].offset, entries)
+            run = Run(first_offset(entries), entries)
             self._run_count += len(entries)
             heapq.heappush(self._runs, (run.base, next(self._sequence), run))
             self._make_run_ready(run)

@@ -11,8 +11,17 @@ A TopicReader positioned below its topic's WAL floor reads through an :class:`Ob
   consumes the current one. Decompression and decoding run in worker threads, off the event
   loop; zstd and lz4 release the GIL, so in-flight reads decompress in parallel.
 
-Memory per cursor is bounded by ``prefetch + 1`` reads of at most ``read_bytes``, decoded
-(the default: 3 x 4 MiB of stored bytes).
+A cursor for a frame consumer (``stored=True``) builds no ``Entry`` per message: each object
+frame is decompressed and CRC-checked once, in the worker thread, and its MESSAGES bodies are
+kept as :class:`~danube_ingest.wal.stored.StoredEntries` (the decompressed bytes and each
+entry's bounds), which the reader hands on in slices over the following reads of the cursor.
+
+Memory per cursor is bounded by ``prefetch + 1`` reads of at most ``read_bytes`` of stored
+bytes (the default: 3 x 4 MiB), decoded; a read's entries are let go once the cursor moved past
+it. With ``stored``, a read is also held to about ``read_bytes`` *decompressed*
+(:attr:`ObjectCursor.held_bytes`): its size in stored bytes follows the compression ratio of
+the cursor's last read (its first reads take one frame each), so a well-compressed topic does
+not multiply the bound by its ratio. A read takes at least one frame whatever its size.
 Offsets missing between two manifest ranges were jumped over (a takeover's reservation gap)
 and never existed; the cursor passes over them, as WAL readers do. Offsets below the topic's
 retained floor (retention removed their ranges, :mod:`danube_ingest.objects.retention`) are
@@ -25,12 +34,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 
 from danube_ingest.errors import ObjectFormatError, ObjectNotFoundError, OffsetOutOfRangeError
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
-from danube_ingest.objects.binfmt import Footer, FrameRef, decode_frame_bytes, read_footer_from
+from danube_ingest.objects.binfmt import (
+    Footer,
+    FrameRef,
+    decode_frame_bytes,
+    read_footer_from,
+    stored_frame_bytes,
+)
 from danube_ingest.objects.store import ObjectStore
 from danube_ingest.wal.framing import Entry
+from danube_ingest.wal.stored import StoredEntries, last_offset, offset_at
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +79,9 @@ class CloudReader:
         self._footers: OrderedDict[str, Footer] = OrderedDict()
         self._loading: dict[str, asyncio.Future[Footer]] = {}
 
-    def cursor(self, topic: str) -> ObjectCursor:
-        return ObjectCursor(self, topic)
+    def cursor(self, topic: str, *, stored: bool = False) -> ObjectCursor:
+        """A cursor over ``topic``'s objects; ``stored``: it reads :class:`StoredEntries`."""
+        return ObjectCursor(self, topic, stored=stored)
 
     async def footer(self, key: str, size: int) -> Footer:
         """The footer of object ``key`` (``size`` bytes), cached; concurrent calls share a read."""
@@ -97,16 +115,26 @@ class CloudReader:
 class ObjectCursor:
     """One reader's position in one topic's objects."""
 
-    def __init__(self, cloud: CloudReader, topic: str) -> None:
+    def __init__(self, cloud: CloudReader, topic: str, *, stored: bool = False) -> None:
         self._cloud = cloud
         self.topic = topic
+        self._stored = stored
+        # Decompressed / stored bytes of the last read (``stored``; None before the first).
+        self._ratio: float | None = None
         self._ranges: deque[ObjectRange] = deque()
         self._range: ObjectRange | None = None
         self._frames: deque[FrameRef] = deque()
-        self._entries: list[Entry] = []
+        self._entries: Sequence[Entry] = []
         self._pos = 0
         #: Reads in flight, in order: (their frames, the task reading and decoding them).
-        self._inflight: deque[tuple[list[FrameRef], asyncio.Task[list[Entry]]]] = deque()
+        self._inflight: deque[tuple[list[FrameRef], asyncio.Task[Sequence[Entry]]]] = deque()
+
+    @property
+    def held_bytes(self) -> int:
+        """With ``stored``: bytes of decompressed frame data the cursor holds for its current
+        read (finished reads in flight come on top, at most ``prefetch`` of them)."""
+        entries = self._entries
+        return entries.nbytes if isinstance(entries, StoredEntries) else 0
 
     def close(self) -> None:
         self._cancel_inflight()
@@ -118,7 +146,7 @@ class ObjectCursor:
             task.cancel()
         self._inflight.clear()
 
-    async def read(self, nxt: int, max_batch: int) -> tuple[list[Entry], int]:
+    async def read(self, nxt: int, max_batch: int) -> tuple[Sequence[Entry], int]:
         """Entries from offset ``nxt`` on (at most ``max_batch``), and the offset reached.
 
         Returns ``([], n)`` with ``n > nxt`` when offsets ``[nxt, n)`` never existed, and
@@ -130,12 +158,12 @@ class ObjectCursor:
         while True:
             entries = self._entries
             pos = self._pos
-            while pos < len(entries) and entries[pos].offset < nxt:
+            while pos < len(entries) and offset_at(entries, pos) < nxt:
                 pos += 1
             if pos < len(entries):
                 batch = entries[pos : pos + max_batch]
                 self._pos = pos + len(batch)
-                return batch, batch[-1].offset + 1
+                return batch, last_offset(batch) + 1
             self._entries = []
             self._pos = 0
             if self._frames or self._inflight:
@@ -217,12 +245,15 @@ class ObjectCursor:
         self._schedule()
         if not inflight:
             return
-        _, task = inflight.popleft()
+        refs, task = inflight.popleft()
         try:
             entries = await task
         except BaseException:
             self._cancel_inflight()
             raise
+        if isinstance(entries, StoredEntries) and entries:
+            stored_size = refs[-1].position + refs[-1].length - refs[0].position
+            self._ratio = entries.nbytes / stored_size
         self._schedule()
         self._entries = entries
         self._pos = 0
@@ -239,29 +270,37 @@ class ObjectCursor:
             self._inflight.append((refs, task))
 
     def _take(self) -> list[FrameRef]:
-        """The frames of the next read: consecutive, at least one, at most ``read_bytes``."""
+        """The frames of the next read: consecutive, at least one, at most ``read_bytes`` (with
+        ``stored``: stored bytes that decompress to about ``read_bytes``, by the last ratio)."""
         frames = self._frames
         refs = [frames[0]]
         total = frames[0].length
+        budget = self._cloud.read_bytes
+        if self._stored:
+            if self._ratio is None:
+                return refs  # the ratio is not known yet: one frame
+            budget = min(budget, int(budget / max(self._ratio, 1.0)))
         for i in range(1, len(frames)):
             ref = frames[i]
-            if total + ref.length > self._cloud.read_bytes or ref.position != (
-                refs[-1].position + refs[-1].length
-            ):
+            if total + ref.length > budget or ref.position != (refs[-1].position + refs[-1].length):
                 break
             refs.append(ref)
             total += ref.length
         return refs
 
-    async def _fetch(self, key: str, refs: list[FrameRef]) -> list[Entry]:
+    async def _fetch(self, key: str, refs: list[FrameRef]) -> Sequence[Entry]:
         """Read and decode ``refs``. Decompression and decoding run in a worker thread: zstd
         and lz4 release the GIL (so they overlap with the event loop's work), and the loop is
-        never blocked for the tens of milliseconds a 4 MiB read takes to decode."""
+        never blocked for the tens of milliseconds a 4 MiB read takes to decode. With
+        ``stored``, no ``Entry`` is built: the thread decompresses, checks the CRCs and finds
+        the entries' bounds."""
         start = refs[0].position
         size = refs[-1].position + refs[-1].length - start
         data = await self._cloud.objects.get_range(key, start, size)
         if len(data) != size:
             raise ObjectFormatError(key, start, f"ranged read returned {len(data)} of {size} bytes")
+        if self._stored:
+            return await asyncio.to_thread(_stored_frames, data, refs, key)
         return await asyncio.to_thread(_decode_frames, data, refs, key)
 
 
@@ -273,6 +312,19 @@ def _decode_frames(data: bytes, refs: list[FrameRef], key: str) -> list[Entry]:
         start = ref.position - base
         out.extend(decode_frame_bytes(view[start : start + ref.length], ref, key))
     return out
+
+
+def _stored_frames(data: bytes, refs: list[FrameRef], key: str) -> StoredEntries:
+    view = memoryview(data)
+    base = refs[0].position
+    return StoredEntries.join(
+        [
+            stored_frame_bytes(
+                view[ref.position - base : ref.position - base + ref.length], ref, key
+            )
+            for ref in refs
+        ]
+    )
 
 
 __all__ = ["CloudReader", "ObjectCursor"]

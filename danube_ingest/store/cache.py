@@ -14,6 +14,12 @@ garbage collector does not track) and decoded when read. A cache of ``Entry`` ob
 made every full garbage collection scan each cached message: with the default 256 MiB of
 100-byte messages, ~1.9 million objects and ~450 ms with the process stopped, each time a
 quarter of the cache had turned over.
+
+A reader that feeds a frame consumer reads with ``stored=True`` and gets
+:class:`~danube_ingest.wal.stored.StoredEntries`: slices of the blocks' frame bodies, no
+``Entry`` built. A hot block such a reader reads is cooled on the spot (its body parts joined
+once), so that it is served as bytes from then on; a block appended without its body (kept
+as entries) is read as entries.
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import OrderedDict, deque
 from collections.abc import Sequence
+from typing import Any
 
 from danube_ingest.observability.metrics import CACHE_HITS, CACHE_MISSES
 from danube_ingest.wal.block import BlockEntries
 from danube_ingest.wal.framing import Entry, decode_messages
 from danube_ingest.wal.meta import TopicMeta
+from danube_ingest.wal.stored import StoredEntries, entry_bounds
 
 #: Drop evicted list slots in one go once this many have accumulated.
 _COMPACT_AFTER = 1024
@@ -38,7 +46,17 @@ Block = Sequence[Entry] | bytes
 
 
 class _TopicCache:
-    __slots__ = ("blocks", "bodies", "firsts", "head", "nbytes", "next_offset", "resume", "sizes")
+    __slots__ = (
+        "blocks",
+        "bodies",
+        "bounds",
+        "firsts",
+        "head",
+        "nbytes",
+        "next_offset",
+        "resume",
+        "sizes",
+    )
 
     def __init__(self) -> None:
         self.blocks: list[Block] = []
@@ -53,10 +71,24 @@ class _TopicCache:
         # that the next read of it (a reader going on from there) does not walk the block from
         # its start again.
         self.resume: tuple[bytes, int, int] | None = None
+        # The entry bounds of the cold block last read as stored entries (a reader reads a
+        # block in several batches): (block, its entry_bounds).
+        self.bounds: tuple[bytes, Any] | None = None
 
-    def entries(self, i: int, skip: int, limit: int) -> Sequence[Entry]:
-        """Entries ``[skip, skip + limit)`` of block ``i``, decoded if it is cold."""
+    def entries(self, i: int, skip: int, limit: int, stored: bool = False) -> Sequence[Entry]:
+        """Entries ``[skip, skip + limit)`` of block ``i``, decoded if it is cold; with
+        ``stored``, as :class:`StoredEntries` when the block has (or is cooled to) its frame
+        body."""
         block = self.blocks[i]
+        if stored:
+            if not isinstance(block, bytes) and self.bodies[i] is not None:
+                self.cool_at(i)
+                block = self.blocks[i]
+            if isinstance(block, bytes):
+                memo = self.bounds
+                if memo is None or memo[0] is not block:
+                    memo = self.bounds = (block, entry_bounds(block))
+                return StoredEntries.of_body(block, skip, limit, memo[1])
         if not isinstance(block, bytes):
             return block[skip : skip + limit]
         resume = self.resume
@@ -71,6 +103,8 @@ class _TopicCache:
         size = self.sizes[head]
         if self.resume is not None and self.resume[0] is self.blocks[head]:
             self.resume = None
+        if self.bounds is not None and self.bounds[0] is self.blocks[head]:
+            self.bounds = None
         self.blocks[head] = ()
         self.bodies[head] = None
         self.head = head + 1
@@ -88,6 +122,10 @@ class _TopicCache:
         i = bisect_right(self.firsts, first, self.head) - 1
         if i < self.head or self.firsts[i] != first:
             return  # evicted, or dropped with the whole run
+        self.cool_at(i)
+
+    def cool_at(self, i: int) -> None:
+        """Keep block ``i`` as its frame body (if it has one and is still hot)."""
         parts = self.bodies[i]
         if parts is not None:
             self.blocks[i] = b"".join(parts)
@@ -95,6 +133,7 @@ class _TopicCache:
 
     def clear(self) -> None:
         self.resume = None
+        self.bounds = None
         self.blocks = []
         self.bodies = []
         self.firsts = []
@@ -177,8 +216,13 @@ class WALCache:
             if self.nbytes <= self.max_bytes:
                 return
 
-    def read(self, topic: TopicMeta, offset: int, limit: int) -> list[Entry]:
-        """Up to ``limit`` cached entries from ``offset`` on; empty if ``offset`` is not cached."""
+    def read(
+        self, topic: TopicMeta, offset: int, limit: int, stored: bool = False
+    ) -> Sequence[Entry]:
+        """Up to ``limit`` cached entries from ``offset`` on; empty if ``offset`` is not cached.
+
+        ``stored``: as :class:`StoredEntries` when every block read has its frame body (see
+        module docs), else as a list."""
         cache = self._topics.get(topic)
         if cache is None or cache.nblocks == 0 or offset >= cache.next_offset:
             CACHE_MISSES.inc()
@@ -190,6 +234,17 @@ class WALCache:
             return []
         CACHE_HITS.inc()
         nblocks = len(cache.blocks)
+        if stored:
+            parts = [cache.entries(i, offset - firsts[i], limit, True)]
+            count = len(parts[0])
+            i += 1
+            while count < limit and i < nblocks:
+                parts.append(cache.entries(i, 0, limit - count, True))
+                count += len(parts[-1])
+                i += 1
+            if all(isinstance(part, StoredEntries) for part in parts):
+                return StoredEntries.join(parts)  # type: ignore[arg-type]
+            return [entry for part in parts for entry in part]
         out = list(cache.entries(i, offset - firsts[i], limit))
         i += 1
         while len(out) < limit and i < nblocks:

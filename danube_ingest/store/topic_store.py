@@ -56,6 +56,7 @@ from danube_ingest.wal.log import (
 )
 from danube_ingest.wal.meta import TopicMeta, fsync_dir, write_atomic
 from danube_ingest.wal.space import DiskFree, disk_free
+from danube_ingest.wal.stored import StoredEntries, last_offset, offset_at
 
 if TYPE_CHECKING:
     from danube_ingest.objects.reader import CloudReader, ObjectCursor
@@ -583,10 +584,18 @@ class TopicStore:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def create_reader(self, topic: str, from_offset: int, *, max_batch: int = 1024) -> TopicReader:
-        """A reader yielding ``topic``'s entries from ``from_offset`` on (see module docs)."""
+    def create_reader(
+        self, topic: str, from_offset: int, *, max_batch: int = 1024, stored: bool = False
+    ) -> TopicReader:
+        """A reader yielding ``topic``'s entries from ``from_offset`` on (see module docs).
+
+        ``stored``: batches read from stored bytes (segments, cold cache blocks, objects) come
+        as :class:`~danube_ingest.wal.stored.StoredEntries`, which build no ``Entry`` until
+        one is asked for (the reader of a frame consumer)."""
         region = self._region(topic)
-        return TopicReader(self, region, region.ensure_topic(topic), from_offset, max_batch)
+        return TopicReader(
+            self, region, region.ensure_topic(topic), from_offset, max_batch, stored=stored
+        )
 
     async def earliest_offset(self, topic: str) -> int:
         """The oldest offset of ``topic`` a reader can still get: the first one in objects
@@ -683,6 +692,8 @@ class TopicReader:
         topic: TopicMeta,
         from_offset: int,
         max_batch: int,
+        *,
+        stored: bool = False,
     ) -> None:
         if from_offset < 0:
             raise ValueError(f"from_offset must be >= 0, got {from_offset}")
@@ -691,23 +702,28 @@ class TopicReader:
         self._topic = topic
         self._next = from_offset
         self._max_batch = max_batch
-        self._buffer: list[Entry] = []
+        self._stored = stored
+        self._buffer: Sequence[Entry] = []
         self._buffer_pos = 0
         self._closed = False
         self._waiter: asyncio.Future[None] | None = None
         self._cold: ObjectCursor | None = None
+        # ``stored``: the segment frame last read, (segment, position), its body and entry
+        # bounds: a frame is usually taken over several read batches (256 of 1,000 entries).
+        self._last_frame: tuple[tuple[int, int], StoredEntries] | None = None
 
     @property
     def position(self) -> int:
         """The offset of the next entry this reader yields."""
         if self._buffer_pos < len(self._buffer):
-            return self._buffer[self._buffer_pos].offset
+            return offset_at(self._buffer, self._buffer_pos)
         return self._next
 
     def close(self) -> None:
         """End the reader: a pending ``next_batch`` returns an empty batch."""
         self._closed = True
         self._close_cold()
+        self._last_frame = None
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -731,10 +747,11 @@ class TopicReader:
         self._buffer_pos += 1
         return entry
 
-    async def next_batch(self) -> list[Entry]:
+    async def next_batch(self) -> Sequence[Entry]:
         """The next entries (at least one, at most ``max_batch``); empty once the store closed.
 
-        Waits for new appends when the reader has caught up.
+        Waits for new appends when the reader has caught up. A list, or with ``stored``
+        :class:`StoredEntries` where the entries were read from stored bytes.
         """
         if self._buffer_pos < len(self._buffer):
             rest = self._buffer[self._buffer_pos :]
@@ -751,16 +768,16 @@ class TopicReader:
                 if store._cloud is None:
                     raise OffsetOutOfRangeError(topic.name, nxt, topic.first_offset)
                 # Still cached (the cache outlives pruned segments) or else in objects.
-                batch = store._cache.read(topic, nxt, self._max_batch)
+                batch = store._cache.read(topic, nxt, self._max_batch, self._stored)
                 if not batch:
                     batch = await self._read_objects(nxt, topic.first_offset)
                 if batch:
-                    self._next = batch[-1].offset + 1
+                    self._next = last_offset(batch) + 1
                     return batch
                 continue
             hwm = topic.hwm
             if nxt < hwm:
-                batch = store._cache.read(topic, nxt, self._max_batch)
+                batch = store._cache.read(topic, nxt, self._max_batch, self._stored)
                 if not batch:
                     cached_from = store._cache.first_offset(topic)
                     limit = hwm if cached_from is None or cached_from < nxt else cached_from
@@ -774,12 +791,12 @@ class TopicReader:
                         batch = await self._read_objects(gap.start, gap.end)
                         if not batch:
                             continue
-                        self._next = batch[-1].offset + 1
+                        self._next = last_offset(batch) + 1
                         return batch
                 if batch:
                     if self._cold is not None:
                         self._close_cold()
-                    self._next = batch[-1].offset + 1
+                    self._next = last_offset(batch) + 1
                     return batch
                 continue
             # Caught up: what an object cursor holds (decoded reads and prefetches, up to
@@ -793,7 +810,7 @@ class TopicReader:
             finally:
                 self._waiter = None
 
-    async def _read_objects(self, start: int, end: int) -> list[Entry]:
+    async def _read_objects(self, start: int, end: int) -> Sequence[Entry]:
         """Entries from ``start`` out of the object store, for offsets ``[start, end)`` the WAL
         does not hold: below its floor, or a gap in it. Empty when the reader only moved past
         offsets that do not exist (``self._next`` is then advanced, at most to ``end``).
@@ -807,7 +824,7 @@ class TopicReader:
         assert cloud is not None
         cursor = self._cold
         if cursor is None:
-            cursor = self._cold = cloud.cursor(topic.name)
+            cursor = self._cold = cloud.cursor(topic.name, stored=self._stored)
         entries, reached = await cursor.read(start, self._max_batch)
         if entries:
             # Entries at or past ``end`` are the WAL's own too (uploaded): the same ones.
@@ -825,10 +842,10 @@ class TopicReader:
         self._next = min(reached, end) if reached > start else end
         return []
 
-    async def _read_segments(self, nxt: int, limit: int) -> list[Entry]:
+    async def _read_segments(self, nxt: int, limit: int) -> Sequence[Entry]:
         """Entries [nxt, limit) from segment files, at most ``max_batch`` of them."""
         topic = self._topic
-        out: list[Entry] = []
+        out = _Collected(self._stored)
         while len(out) < self._max_batch and nxt < limit:
             if nxt < topic.first_offset:  # also: segments deleted while a read was waiting
                 raise OffsetOutOfRangeError(topic.name, nxt, topic.first_offset)
@@ -867,10 +884,10 @@ class TopicReader:
             nxt = reached
         if not out:
             self._next = max(self._next, nxt)  # passed over jumped offsets only
-        return out
+        return out.result()
 
     async def _scan_segment(
-        self, seq: int, position: int, nxt: int, stop: int, out: list[Entry]
+        self, seq: int, position: int, nxt: int, stop: int, out: _Collected
     ) -> int:
         """Append entries [nxt, stop) of segment ``seq`` to ``out`` (up to ``max_batch``);
         return the offset reached (past jumped-over offsets too)."""
@@ -884,6 +901,7 @@ class TopicReader:
             view = memoryview(data)
             p = 0
             while p < len(data) and nxt < stop and len(out) < self._max_batch:
+                at = position + p
                 try:
                     frame = decode_frame(view, p)
                 except TruncatedFrameError:
@@ -909,8 +927,15 @@ class TopicReader:
                 # batches: decoding it whole each time cost ~4x for 1,000-entry frames).
                 first = nxt - header.base_offset
                 limit = min(self._max_batch - len(out), stop - nxt)
-                _, take = decode_messages(frame.body, first, limit)
-                out.extend(take)
+                take: Sequence[Entry]
+                if self._stored:
+                    last = self._last_frame
+                    if last is None or last[0] != (seq, at):
+                        last = self._last_frame = ((seq, at), StoredEntries.of_body(frame.body))
+                    take = last[1][first : first + limit]
+                else:
+                    _, take = decode_messages(frame.body, first, limit)
+                out.add(take)
                 nxt += len(take)
             if p == 0:
                 if len(data) < read_size:
@@ -921,6 +946,32 @@ class TopicReader:
                 continue
             position += p
         return nxt
+
+
+class _Collected:
+    """The entries of one segment read, in order: a list, or with ``stored`` the
+    :class:`StoredEntries` parts joined."""
+
+    __slots__ = ("_count", "_parts", "_stored")
+
+    def __init__(self, stored: bool) -> None:
+        self._stored = stored
+        self._parts: list[Sequence[Entry]] = []
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, part: Sequence[Entry]) -> None:
+        if part:
+            self._parts.append(part)
+            self._count += len(part)
+
+    def result(self) -> Sequence[Entry]:
+        parts = self._parts
+        if self._stored and all(isinstance(part, StoredEntries) for part in parts):
+            return StoredEntries.join(parts)  # type: ignore[arg-type]
+        return [entry for part in parts for entry in part]
 
 
 __all__ = ["Sealed", "TimeMark", "TopicInfo", "TopicReader", "TopicStore", "region_index"]

@@ -40,6 +40,7 @@ from danube_ingest.wal.framing import (
     entry_size,
     messages_frame,
 )
+from danube_ingest.wal.stored import StoredEntries
 
 #: The per-entry fixed header as a numpy record (little-endian, packed like the frame).
 ENTRY_DTYPE = np.dtype(
@@ -241,8 +242,11 @@ def served_frame(entries: Sequence[Entry]) -> tuple[bytes, bytes]:
     When the first and the last were decoded from the same stored body, so were all between
     (a MESSAGES frame holds a contiguous range of offsets; another decoding of the same frame
     spans the same bytes): the block is one slice of it and only the sizes are read per entry,
-    checked to tile the slice. Otherwise as :func:`served_block`.
+    checked to tile the slice. :class:`StoredEntries` are served from their bodies without
+    building an ``Entry``. Otherwise as :func:`served_block`.
     """
+    if isinstance(entries, StoredEntries):
+        return entries.block()  # no Entry built: slices of the stored bodies
     if not entries:
         raise ValueError("an entry block needs at least one entry")
     first = entries[0]

@@ -4,6 +4,7 @@ consecutive offsets, with the semantics of per-message dispatch (``dispatch/reli
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -16,8 +17,12 @@ from danube_ingest.dispatch import (
     ManualClock,
     SubscriptionType,
 )
+from danube_ingest.store import TopicReader, TopicStore
+from danube_ingest.wal import Entry
+from danube_ingest.wal.block import served_block, served_frame
+from danube_ingest.wal.stored import StoredEntries
 
-from .conftest import FAST, Harness, offsets, quiet, take
+from .conftest import FAST, TOPIC, Harness, offsets, quiet, take
 
 EXCLUSIVE = SubscriptionType.EXCLUSIVE
 FAILOVER = SubscriptionType.FAILOVER
@@ -294,3 +299,50 @@ async def test_shared_and_key_shared_stay_per_message(
     assert offsets_of(items) == list(range(6))
     assert subscription.ack_range(handle, 0, 5) == 6
     assert subscription.cursor == 6
+
+
+async def test_frames_from_segments_and_cache_are_stored_bytes_not_entries(
+    wal_dir: Path,
+) -> None:
+    """A frame consumer is handed the stored bodies (no Entry per message) whether the read
+    came from segment files or the cache; they serve the bytes the decoded entries serve, and
+    a frame that must go one by one (a nack) still gets its entries."""
+    store = await TopicStore.open(wal_dir, segment_bytes=16 * 1024, cache_topic_max_bytes=4096)
+    harness = Harness(store)
+    try:
+        for n in range(20):
+            await store.append_batch(
+                TOPIC,
+                [Entry(b"b%d-%d" % (n, i), producer_name="p", routing_key="k") for i in range(50)],
+            )
+        plain = store.create_reader(TOPIC, 0)
+        decoded = {e.offset: e for e in await read_all(plain, 1000)}
+        plain.close()
+        subscription = harness.subscribe("frames", EXCLUSIVE)
+        handle = subscription.attach(1, "a", frames=64)
+        items = await take_items(handle, 1000)
+        assert offsets_of(items) == list(range(1000))
+        for item in items:
+            assert isinstance(item, Frame)
+            assert isinstance(item.entries, StoredEntries)
+            want = [decoded[item.base_offset + i] for i in range(len(item.entries))]
+            assert served_frame(item.entries) == served_block(want)
+        # One by one from here: a nack makes its frame per-message state; the entries are
+        # built then, the same as decoded.
+        assert subscription.ack_range(handle, 0, 999) == 1000
+        await harness.publish(3)
+        fresh = await take_items(handle, 3)
+        assert all(isinstance(i, Frame) and isinstance(i.entries, StoredEntries) for i in fresh)
+        assert subscription.nack(1001)
+        (again,) = await asyncio.wait_for(handle.next_batch(10), 2.0)
+        assert isinstance(again, Delivery)
+        assert (again.entry.offset, again.entry.payload, again.attempt) == (1001, b"m1", 2)
+    finally:
+        await harness.close()
+
+
+async def read_all(reader: TopicReader, stop: int) -> list[Entry]:
+    out: list[Entry] = []
+    while len(out) < stop:
+        out.extend(await asyncio.wait_for(reader.next_batch(), 5.0))
+    return out

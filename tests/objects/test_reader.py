@@ -6,13 +6,17 @@ from __future__ import annotations
 import pytest
 from crc32c import crc32c
 
-from danube_ingest.errors import ObjectNotFoundError
+from danube_ingest.errors import ObjectFormatError, ObjectNotFoundError
 from danube_ingest.metadata import BrokerSession, Keys, MemoryKV, Ownership
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
 from danube_ingest.objects.binfmt import BinWriter
 from danube_ingest.objects.reader import CloudReader
 from danube_ingest.objects.store import ObjectStore
-from danube_ingest.wal.framing import Entry
+from danube_ingest.store import WALCache
+from danube_ingest.wal.block import served_block
+from danube_ingest.wal.framing import Entry, messages_frame
+from danube_ingest.wal.meta import TopicMeta
+from danube_ingest.wal.stored import StoredEntries
 
 T = "/default/rolled"
 
@@ -140,4 +144,127 @@ async def test_a_replaced_object_is_found_again_through_the_manifest(setup: Setu
     with pytest.raises(ObjectNotFoundError):
         await cursor.read(600, 10)
     cursor.close()
+    await setup.close()
+
+
+async def read_both(cloud: CloudReader, start: int, max_batch: int) -> int:
+    """Read from ``start`` to the end with a stored cursor and a decoding one; check that each
+    stored read serves exactly the bytes its decoded entries serve; return how many reads."""
+    decoding = cloud.cursor(T)
+    decoded: dict[int, Entry] = {}
+    nxt = start
+    while True:
+        twin, reached = await decoding.read(nxt, max_batch)
+        if not twin and reached == nxt:
+            break
+        decoded.update((e.offset, e) for e in twin)
+        nxt = reached
+    decoding.close()
+    stored = cloud.cursor(T, stored=True)
+    reads = 0
+    seen: list[int] = []
+    nxt = start
+    while True:
+        batch, reached = await stored.read(nxt, max_batch)
+        if not batch:
+            if reached == nxt:
+                break
+            nxt = reached
+            continue
+        assert isinstance(batch, StoredEntries) and len(batch) <= max_batch
+        offsets = [batch.offset_at(i) for i in range(len(batch))]
+        want = [decoded[o] for o in offsets]
+        assert batch.block() == served_block(want)  # byte for byte what decoded entries serve
+        assert [e.payload for e in batch] == [e.payload for e in want]
+        seen.extend(offsets)
+        reads += 1
+        nxt = reached
+    stored.close()
+    assert seen == sorted(decoded)
+    return reads
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4", "none"])
+async def test_stored_reads_of_objects_serve_what_decoded_reads_serve(codec: str) -> None:
+    s = Setup()
+    await s.start()
+    for name, (start, end) in {"a": (0, 500), "b": (500, 900), "c": (1000, 1200)}.items():
+        rng = await s.put_object(name, start, end, codec=codec)
+        assert (await s.manifest.commit(s.ownership, [rng])).committed
+    cloud = CloudReader(s.manifest, s.objects, read_bytes=3000, prefetch=1)
+    for start, max_batch in ((0, 64), (333, 7), (950, 1000)):
+        assert await read_both(cloud, start, max_batch)
+    await s.close()
+
+
+async def test_objects_serve_the_bytes_the_cache_serves(setup: Setup) -> None:
+    """The same messages served from an object and from the cache: the same bytes."""
+    cloud = CloudReader(setup.manifest, setup.objects, read_bytes=3000)
+    cursor = cloud.cursor(T, stored=True)
+    batch, _ = await cursor.read(0, 500)
+    got = [batch]
+    while sum(map(len, got)) < 500:
+        more, _ = await cursor.read(got[-1].last_offset + 1, 500)  # type: ignore[attr-defined]
+        got.append(more)
+    cursor.close()
+    served = StoredEntries.join(got).block()  # type: ignore[arg-type]
+    cache = WALCache(1 << 30, 1 << 30, hot_max_bytes=0)
+    topic = TopicMeta(T, 1)
+    written = entries(0, 500)
+    cache.extend(topic, written, 1, messages_frame(1, 0, written)[1:])
+    assert served == cache.read(topic, 0, 500, stored=True).block()  # type: ignore[attr-defined]
+    await setup.close()
+
+
+@pytest.mark.parametrize("stored", [True, False])
+async def test_a_corrupt_object_frame_is_reported_not_skipped(setup: Setup, stored: bool) -> None:
+    key = "topics/default/rolled/a.bin"
+    data = bytearray(await setup.objects.get(key))
+    footer = (await CloudReader(setup.manifest, setup.objects).footer(key, len(data))).topics[T]
+    frame = footer.frames[3]
+    data[frame.position + frame.length // 2] ^= 0x40
+    await setup.objects.put(key, bytes(data))
+    cloud = CloudReader(setup.manifest, setup.objects, read_bytes=3000, prefetch=0)
+    cursor = cloud.cursor(T, stored=stored)
+    got: list[int] = []
+    with pytest.raises(ObjectFormatError, match=f"{key}.*CRC mismatch"):
+        nxt = 0
+        while True:
+            batch, nxt = await cursor.read(nxt, 50)
+            got.extend(
+                batch.offset_at(i) if isinstance(batch, StoredEntries) else batch[i].offset
+                for i in range(len(batch))
+            )
+    assert got == list(range(len(got))) and len(got) <= frame.first_offset
+    cursor.close()
+    await setup.close()
+
+
+async def object_of(setup: Setup, offset: int) -> tuple[str, int]:
+    rng = (await setup.manifest.ranges(T, offset))[0]
+    return rng.object_key, rng.object_size
+
+
+async def test_a_stored_cursor_keeps_one_read_decompressed(setup: Setup) -> None:
+    """Each object frame is decompressed once and kept for the cursor's following reads; the
+    cursor holds one read's decompressed bytes (about ``read_bytes``, however well the frames
+    compress: these ~14x), let go when it moves on or closes."""
+    cloud = CloudReader(setup.manifest, setup.objects, read_bytes=3000, prefetch=0)
+    cursor = cloud.cursor(T, stored=True)
+    whole = sum(len(e.payload) + 60 for e in entries(0, 500))
+    held = []
+    decompressed = set()
+    nxt = 0
+    while nxt < 500:
+        batch, nxt = await cursor.read(nxt, 5)
+        held.append(cursor.held_bytes)
+        current = cursor._entries
+        assert isinstance(current, StoredEntries)
+        decompressed.add(id(current))
+        assert batch[0].payload.startswith(b"e")  # (built on demand, from those bytes)
+    assert 0 < max(held) <= 3000 + 4096 < whole
+    frames = (await cloud.footer(*await object_of(setup, 0))).topics[T].frames
+    assert len(decompressed) <= len(frames) < len(held), "a frame decompressed once, read often"
+    cursor.close()
+    assert cursor.held_bytes == 0
     await setup.close()

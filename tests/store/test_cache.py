@@ -18,8 +18,10 @@ from hypothesis import strategies as st
 
 from danube_ingest.store import WALCache
 from danube_ingest.wal import Entry
+from danube_ingest.wal.block import served_block
 from danube_ingest.wal.framing import messages_frame
 from danube_ingest.wal.meta import TopicMeta
+from danube_ingest.wal.stored import StoredEntries
 
 
 class Model:
@@ -251,3 +253,49 @@ def test_a_cold_block_read_in_pieces_is_not_walked_from_its_start_each_time() ->
     # Evicted: the memo goes with the block.
     cache.extend(topic, [Entry(b"x", offset=1000)], 1 << 30)
     assert cache._topics[topic].resume is None
+
+
+def test_stored_reads_build_no_entries_and_serve_the_decoded_bytes() -> None:
+    """A frame consumer's reader (``stored=True``) gets the blocks' bodies, hot ones cooled on
+    the spot, never an Entry per message; what it serves is byte for byte what the decoded
+    entries are served as."""
+    cache = WALCache(1 << 30, 1 << 30, hot_max_bytes=3 * 1_000)
+    topic = TopicMeta("t", 1)
+    blocks = []
+    for n in range(6):
+        entries = [
+            Entry(b"m%d" % (n * 100 + i), offset=n * 100 + i, routing_key="k" if i % 2 else None)
+            for i in range(100)
+        ]
+        cache.extend(topic, entries, 1_000, messages_frame(topic.topic_id, n * 100, entries)[1:])
+        blocks.append(entries)
+    decoded = [e for entries in blocks for e in entries]
+    del entries, blocks
+
+    def live_entries() -> int:
+        gc.collect()
+        return sum(isinstance(o, Entry) for o in gc.get_objects())
+
+    for start, limit in ((0, 1 << 30), (150, 256), (299, 2), (420, 1000), (599, 5)):
+        before = live_entries()
+        got = cache.read(topic, start, limit, stored=True)
+        assert isinstance(got, StoredEntries)
+        assert live_entries() == before, "a stored read built Entry objects"
+        want = decoded[start : start + limit]
+        assert (got.first_offset, got.last_offset, len(got)) == (
+            want[0].offset,
+            want[-1].offset,
+            len(want),
+        )
+        assert got.block() == served_block(want)
+        assert [e.payload for e in got] == [e.payload for e in want]
+    assert all(isinstance(b, bytes) for b in cache._topics[topic].blocks), "hot blocks cooled"
+    # Per-message readers still get the same entries.
+    assert cache.read(topic, 0, 1 << 30) == decoded
+
+    # A block appended without its body can only be read as entries.
+    plain = WALCache(1 << 30, 1 << 30)
+    kept = [Entry(b"x", offset=i) for i in range(3)]
+    plain.extend(topic, kept, 1_000)
+    got = plain.read(topic, 0, 10, stored=True)
+    assert isinstance(got, list) and all(a is b for a, b in zip(got, kept, strict=True))

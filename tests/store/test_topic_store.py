@@ -20,7 +20,9 @@ from danube_ingest.objects.uploader import build_segment_object
 from danube_ingest.store import TopicStore
 from danube_ingest.wal import Entry
 from danube_ingest.wal import log as wal_log
+from danube_ingest.wal.block import served_block
 from danube_ingest.wal.meta import SNAPSHOT_NAME
+from danube_ingest.wal.stored import StoredEntries
 
 from .conftest import (
     KiB,
@@ -296,3 +298,38 @@ async def test_incarnations_set_concurrently_all_survive_a_reopen(
     store = await file_stores.open(**OPTIONS)
     assert [store.incarnation(n) for n in names] == [100 + i for i in range(8)]
     assert store.incarnation("/default/other") is None
+
+
+async def test_a_stored_reader_reads_what_a_decoding_reader_reads(stores: StoreFactory) -> None:
+    T = "/default/stored"
+    """``stored=True`` (a frame consumer's reader): the same entries from segments and the
+    cache, as stored bytes (frames taken over several reads), serving the decoded bytes."""
+    rng = random.Random(5)
+    store = await stores.open(**OPTIONS)
+    for i in range(120):
+        batch = [
+            Entry(
+                rng.randbytes(rng.choice([20, 20, 20, rng.randint(0, 300)])),
+                producer_name="p",
+                routing_key="k" if i % 2 else None,
+                attributes={"i": str(i)} if i % 7 == 0 else None,
+            )
+            for _ in range(rng.randint(1, 30))
+        ]
+        await store.append_batch(T, batch)
+    end = info_of(store, T).high_watermark
+    decoded = {e.offset: e for e in await read_until(store.create_reader(T, 0), end)}
+    for start, max_batch in ((0, 7), (5, 256), (end - 3, 2)):
+        reader = store.create_reader(T, start, max_batch=max_batch, stored=True)
+        seen: list[int] = []
+        while reader.position < end:
+            batch = await within(reader.next_batch())
+            assert isinstance(batch, StoredEntries) and 0 < len(batch) <= max_batch
+            want = [decoded[batch.offset_at(i)] for i in range(len(batch))]
+            assert batch.block() == served_block(want)
+            assert [(e.offset, e.payload, e.attributes) for e in batch] == [
+                (e.offset, e.payload, e.attributes) for e in want
+            ]
+            seen.extend(e.offset for e in want)
+        reader.close()
+        assert seen == [o for o in sorted(decoded) if o >= start]

@@ -15,6 +15,7 @@ from danube_ingest.objects.binfmt.decoder import (
     frame_wal_bytes,
     parse_object,
     read_footer_from,
+    stored_frame_bytes,
 )
 from danube_ingest.objects.binfmt.layout import (
     CODECS,
@@ -56,4 +57,5 @@ __all__ = [
     "parse_object",
     "read_footer",
     "read_footer_from",
+    "stored_frame_bytes",
 ]

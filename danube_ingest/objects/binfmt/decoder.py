@@ -30,7 +30,16 @@ from danube_ingest.objects.binfmt.layout import (
     _error,
     read_footer,
 )
-from danube_ingest.wal.framing import Entry, Kind, decode_frame, decode_messages, decode_time
+from danube_ingest.wal.framing import (
+    BatchHeader,
+    Entry,
+    Kind,
+    batch_header,
+    decode_frame,
+    decode_messages,
+    decode_time,
+)
+from danube_ingest.wal.stored import StoredEntries
 
 #: How many bytes a reader fetches first from the end of an object: the trailer and, for all but
 #: huge footers (about 1300 frames), the whole footer.
@@ -139,12 +148,51 @@ def _decompress(codec: int, stored: memoryview, raw_len: int, key: str, position
     return raw
 
 
+def stored_frame_bytes(data: bytes | memoryview, ref: FrameRef, key: str = "?") -> StoredEntries:
+    """:func:`decode_frame_bytes` without building an ``Entry`` per message: the frame's
+    MESSAGES bodies with their entries' bounds (:class:`StoredEntries`), after the same checks
+    (both object frame CRCs, every WAL frame's CRC, that the entries tile each body, and that
+    the frame holds exactly what ``ref`` says). Raises :class:`ObjectFormatError` otherwise."""
+    raw, codec = _frame_data(data, ref, key)
+    base = ref.position + FRAME_PREFIX_SIZE if codec == _NONE else None
+    parts: list[StoredEntries] = []
+    _walk_wal_frames(raw, ref, key, base, lambda body: _stored_part(body, parts))
+    return StoredEntries.join(parts)
+
+
+def _stored_part(body: memoryview, parts: list[StoredEntries]) -> BatchHeader:
+    stored = bytes(body)
+    header = batch_header(stored)
+    parts.append(StoredEntries.of_body(stored))
+    return header
+
+
 def _decode_wal_frames(
     raw: bytes | memoryview, ref: FrameRef, key: str, base: int | None
 ) -> list[Entry]:
-    view = raw if isinstance(raw, memoryview) else memoryview(raw)
     result: list[Entry] = []
+
+    def decode(body: memoryview) -> BatchHeader:
+        header, entries = decode_messages(body)
+        result.extend(entries)
+        return header
+
+    _walk_wal_frames(raw, ref, key, base, decode)
+    return result
+
+
+def _walk_wal_frames(
+    raw: bytes | memoryview,
+    ref: FrameRef,
+    key: str,
+    base: int | None,
+    messages: Callable[[memoryview], BatchHeader],
+) -> None:
+    """Walk the WAL frames of an object frame's data, giving each MESSAGES body to
+    ``messages``; check that they hold exactly what ``ref`` says."""
+    view = raw if isinstance(raw, memoryview) else memoryview(raw)
     first = last = None
+    count = 0
     position = 0
     while position < len(view):
         try:
@@ -152,11 +200,15 @@ def _decode_wal_frames(
             if frame.kind == Kind.TIME:
                 decode_time(frame.body)
             elif frame.kind == Kind.MESSAGES:
-                last, entries = decode_messages(frame.body)
-                if not entries or (result and last.base_offset <= result[-1].offset):
+                header = messages(frame.body)
+                if not header.num_entries or (
+                    last is not None
+                    and header.base_offset <= last.base_offset + last.num_entries - 1
+                ):
                     raise CorruptFrameError("MESSAGES offsets do not increase")
-                first = first or last
-                result += entries
+                first = first or header
+                last = header
+                count += header.num_entries
             else:
                 raise CorruptFrameError(f"WAL frame of kind {frame.kind}")
         except FrameError as exc:
@@ -166,11 +218,11 @@ def _decode_wal_frames(
         first is None
         or last is None
         or (first.base_offset, first.first_ingest_ms) != (ref.first_offset, ref.first_ingest_ms)
-        or (result[-1].offset, last.last_ingest_ms) != (ref.last_offset, ref.last_ingest_ms)
-        or len(result) != ref.entries
+        or (last.base_offset + last.num_entries - 1, last.last_ingest_ms)
+        != (ref.last_offset, ref.last_ingest_ms)
+        or count != ref.entries
     ):
         raise _bad_wal(key, ref, base, 0, "frame content does not match its footer record")
-    return result
 
 
 def _bad_wal(
