@@ -1080,6 +1080,7 @@ class ReliableSubscription:
         while waiting and waiting[0][0] <= now:
             at, _, message = heapq.heappop(waiting)
             if message.state is _State.WAITING and message.due == at:
+                message.timed_out_at = None  # (no handle kept alive by what waited)
                 self._make_ready(message)
         self._dispatch()
         self._arm()
