@@ -29,7 +29,11 @@ Guarantees of a :class:`ReliableSubscription` started at offset ``s``:
   deliveries the poison policy applies (see :class:`PoisonPolicy`). A consumer detaching or
   being taken over is not a failure of its entries: they are redelivered at once with the same
   attempt number, because the Danube client reopens its stream (a takeover here) after any
-  network error, and counting those would poison healthy messages on a flaky network.
+  network error, and counting those would poison healthy messages on a flaky network. Entries
+  that timed out in a consumer's hands and wait for their redelivery delay are redelivered at
+  once too when that consumer leaves (the delay backs off the consumer that did not ack them),
+  so a consumer taking over an Exclusive or Failover subscription gets what its predecessor
+  held, timed out or not, in offset order (a nacked entry keeps the delay its nack asked for).
 * **Retention.** If the cursor falls below the topic's first retained offset, the subscription
   skips to that offset (logged at warning level, counted in ``stats.skipped``): those entries
   no longer exist anywhere the store can read. The same holds below the retained floor of the
@@ -80,6 +84,9 @@ log = logging.getLogger(__name__)
 _READ_RETRY_BASE = 0.1
 _READ_RETRY_MAX = 5.0
 
+#: ``_Message.reason`` of a delivery that failed by ack timeout.
+_ACK_TIMEOUT = "ack timeout"
+
 CursorCallback = Callable[[int], None]
 """Called with the new cursor each time it advances (e.g. ``ProgressUpdater.set``)."""
 
@@ -108,6 +115,8 @@ class _Message:
     """DELIVERED: the ack deadline; WAITING: when to redeliver."""
     reason: str = ""
     """Why the last delivery failed."""
+    timed_out_at: ConsumerHandle | None = None
+    """WAITING after an ack timeout: the consumer that held it (see ``_release_consumer``)."""
     dispatched: bool = False
     """Given to a consumer at least once."""
     blocked: bool = False
@@ -348,16 +357,29 @@ class ReliableSubscription:
         held = [self._unacked[offset] for offset in sorted(handle._window)]
         for message in held:  # first release every key the consumer held...
             self._undeliver(message)
+        # Its entries that timed out and wait for their delay come now, like the ones it held:
+        # otherwise a successor gets the later offsets it held before the earlier ones that
+        # timed out (found by the clock-jump fault scenario: a consumer that subscribed but
+        # never opened its stream, taken over right after its first entries timed out).
+        timed_out = [
+            message
+            for _, _, message in self._waiting
+            if message.state is _State.WAITING and message.timed_out_at is handle
+        ]
+        held.extend(timed_out)
+        held.sort(key=lambda message: message.entry.offset)
         for message in held:  # ...then route its entries to the remaining consumers
+            message.timed_out_at = None
             self._make_ready(message)
         if held:
             log.info(
                 "redelivering entries of a departed consumer topic=%s subscription=%s "
-                "consumer_id=%d count=%d first_offset=%d",
+                "consumer_id=%d count=%d timed_out=%d first_offset=%d",
                 self.topic,
                 self.name,
                 handle.consumer_id,
                 len(held),
+                len(timed_out),
                 held[0].entry.offset,
             )
 
@@ -955,6 +977,7 @@ class ReliableSubscription:
     def _fail(self, message: _Message, reason: str, delay: float) -> None:
         """The current delivery of a DELIVERED entry failed: redeliver it or apply the poison
         policy."""
+        timed_out_at = message.consumer if reason == _ACK_TIMEOUT else None
         self._undeliver(message)
         message.reason = reason
         offset = message.entry.offset
@@ -996,6 +1019,7 @@ class ReliableSubscription:
             self._make_ready(message)
             return
         message.state = _State.WAITING
+        message.timed_out_at = timed_out_at
         message.due = self._clock.now() + delay
         heapq.heappush(self._waiting, (message.due, next(self._sequence), message))
         self._arm()
@@ -1058,11 +1082,12 @@ class ReliableSubscription:
             if message.due > now:
                 break
             self.stats.ack_timeouts += 1
-            self._fail(message, "ack timeout", self.policy.backoff(message.attempt))
+            self._fail(message, _ACK_TIMEOUT, self.policy.backoff(message.attempt))
         waiting = self._waiting
         while waiting and waiting[0][0] <= now:
             at, _, message = heapq.heappop(waiting)
             if message.state is _State.WAITING and message.due == at:
+                message.timed_out_at = None  # (no handle kept alive by what waited)
                 self._make_ready(message)
         self._dispatch()
         self._arm()

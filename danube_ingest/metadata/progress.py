@@ -4,8 +4,11 @@ Guarantees:
 
 * ``set`` is synchronous and costs no I/O; only the newest value of each key is kept.
 * A change is written within ``interval`` seconds, or as soon as ``max_pending`` distinct keys
-  are waiting, whichever comes first (while etcd is reachable). After a crash, at most that
-  window of progress is lost, which means redelivery, never loss of messages.
+  are waiting, whichever comes first (while etcd is reachable); a change made while a write
+  is in flight waits for the next round, ``interval`` after that write began. So changes cost
+  one write round per ``interval`` however often they come (not one per etcd round trip).
+  After a crash, at most that window of progress is lost, which means redelivery, never loss
+  of messages.
 * Every write is a fenced transaction of the topic (``Ownership.fenced``): a broker that lost
   the topic never overwrites its new owner's progress. Its pending values are dropped then (the
   loss is reported through ``Ownership.on_lost``).
@@ -87,6 +90,7 @@ class ProgressUpdater:
         ``MetadataError``; the values it concerns stay pending.
         """
         async with self._write_lock:
+            started = time.monotonic()
             topics = list(self._pending) if topic is None else [topic]
             errors: list[MetadataError] = []
             for name in topics:
@@ -106,8 +110,12 @@ class ProgressUpdater:
                     self._in_flight -= len(values)
             if not self._pending:
                 self._first_at = None
-            elif errors or self._first_at is None:
+            elif errors:
                 self._first_at = time.monotonic()
+            elif topic is None or self._first_at is None:
+                # What is pending was set while this flush wrote: due an interval after it
+                # began (keeping the old due time wrote back to back under steady acks).
+                self._first_at = started
             if errors:
                 raise errors[0]
 

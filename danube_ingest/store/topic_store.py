@@ -55,6 +55,7 @@ from danube_ingest.wal.log import (
     StagedBlock,
 )
 from danube_ingest.wal.meta import TopicMeta, fsync_dir, write_atomic
+from danube_ingest.wal.segment import segment_path
 from danube_ingest.wal.space import DiskFree, disk_free
 from danube_ingest.wal.stored import StoredEntries, last_offset, offset_at
 
@@ -877,7 +878,7 @@ class TopicReader:
                 if nxt < topic.first_offset:  # the segment was deleted under the read
                     raise OffsetOutOfRangeError(topic.name, nxt, topic.first_offset)
                 raise WalCorruptionError(
-                    f"{self._region.region_dir}/segment {span.seq}",
+                    self._segment_file(span.seq),
                     position,
                     f"offset {nxt} of topic {topic.name} not found where the index points",
                 )
@@ -885,6 +886,13 @@ class TopicReader:
         if not out:
             self._next = max(self._next, nxt)  # passed over jumped offsets only
         return out.result()
+
+    def _segment_file(self, seq: int) -> str:
+        """Segment ``seq``'s file, for errors (memory mode has none: region and number)."""
+        region_dir = self._region.region_dir
+        if region_dir is None:
+            return f"in-memory segment {seq} of region {self._region.region}"
+        return str(segment_path(region_dir, seq))
 
     async def _scan_segment(
         self, seq: int, position: int, nxt: int, stop: int, out: _Collected
@@ -907,8 +915,9 @@ class TopicReader:
                 except TruncatedFrameError:
                     break
                 except CorruptFrameError as exc:
-                    path = f"{region.region_dir}/segment {seq}"
-                    raise WalCorruptionError(path, position + p, str(exc)) from exc
+                    raise WalCorruptionError(
+                        self._segment_file(seq), position + p, str(exc)
+                    ) from exc
                 p = frame.end
                 if frame.kind != Kind.MESSAGES:
                     continue
@@ -939,9 +948,7 @@ class TopicReader:
                 nxt += len(take)
             if p == 0:
                 if len(data) < read_size:
-                    raise WalCorruptionError(
-                        f"{region.region_dir}/segment {seq}", position, "truncated frame"
-                    )
+                    raise WalCorruptionError(self._segment_file(seq), position, "truncated frame")
                 read_size *= 2  # a frame larger than the read buffer: read it whole
                 continue
             position += p

@@ -9,12 +9,13 @@ import pytest
 from danube_ingest.dispatch import (
     ConsumerClosedError,
     DispatchPolicy,
+    ManualClock,
     SubscriptionBusyError,
     SubscriptionType,
     SubscriptionTypeMismatchError,
 )
 
-from .conftest import Harness, next_delivery, offsets, quiet, take
+from .conftest import FAST, Harness, next_delivery, offsets, quiet, take
 
 EXCLUSIVE = SubscriptionType.EXCLUSIVE
 SHARED = SubscriptionType.SHARED
@@ -64,6 +65,53 @@ async def test_exclusive_takeover_by_the_same_name(harness: Harness, new_id: int
     assert await offsets(new, 1) == [4]
     old.close()  # the old stream's cleanup must not detach the new handle
     assert subscription.consumers == (new,)
+
+
+@pytest.mark.parametrize("sub_type", [EXCLUSIVE, FAILOVER])
+@pytest.mark.parametrize("departure", ["takeover", "detach"])
+async def test_a_successor_gets_what_timed_out_in_its_predecessors_hands_in_order(
+    harness: Harness, sub_type: SubscriptionType, departure: str
+) -> None:
+    """Found by the clock-jump fault scenario: a consumer subscribed and never read, so its
+    first entries timed out (waiting for their redelivery delay) while later ones were still
+    in its window; the consumer taking over got those later ones first."""
+    clock = ManualClock()
+    subscription = harness.subscribe("sub", sub_type, clock=clock)
+    idle = subscription.attach(1, "a")  # subscribed, never takes anything
+    await harness.publish(3)
+    clock.advance(FAST.ack_timeout_s / 2)
+    await harness.publish(3)
+    clock.advance(FAST.ack_timeout_s / 2)  # 0-2 timed out: waiting for their delay
+    assert subscription.stats.ack_timeouts == 3
+    if departure == "takeover":
+        new = subscription.attach(1, "a")
+    else:
+        assert subscription.detach(1)
+        new = subscription.attach(2, "a")
+    assert idle.closed
+    # Before the fix 3-5 came first, and 0-2 only after their delay (this clock stands still).
+    first = await take(new, 3)
+    assert [(d.entry.offset, d.attempt) for d in first] == [(0, 2), (1, 2), (2, 2)]
+    assert await offsets(new, 3) == [3, 4, 5]
+    clock.advance(FAST.redelivery_max_s)  # the old delay's timer: nothing comes twice
+    await quiet(new)
+    assert subscription.ack(0) and subscription.cursor == 1
+
+
+async def test_a_nacked_entry_keeps_its_delay_when_its_consumer_is_taken_over(
+    harness: Harness,
+) -> None:
+    clock = ManualClock()
+    subscription = harness.subscribe("sub", EXCLUSIVE, clock=clock)
+    old = subscription.attach(1, "a")
+    await harness.publish(2)
+    assert await offsets(old, 2) == [0, 1]
+    assert subscription.nack(0, delay_ms=10_000)
+    new = subscription.attach(1, "a")
+    assert await offsets(new, 1) == [1]
+    await quiet(new)
+    clock.advance(FAST.redelivery_max_s)  # the nack's delay (capped)
+    assert await offsets(new, 1) == [0]
 
 
 async def test_attaching_with_another_type_is_refused(harness: Harness) -> None:

@@ -6,7 +6,11 @@ CLOCK_REALTIME is faked; monotonic time is real, as on a machine whose NTP steps
 Nothing acknowledged may be lost (nothing deleted early), no message may be redelivered (no
 expiry storm: an ack-timeout or lease decision on wall time would redeliver), and the
 manifest of uploaded objects must stay gap-free. The jumps are not logged as faults: the
-daemon never fails, so no redelivery window opens."""
+daemon never fails, so no redelivery window opens.
+
+Found here (fixed): an ``audit`` consumer that subscribed and never read held entries until
+they timed out; taken over just then, its successor got the later entries it held before the
+timed-out ones (``tests/dispatch/test_subscription_types.py``, the successor test)."""
 
 from __future__ import annotations
 
@@ -34,23 +38,7 @@ LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 STEPS = ("+3d", "+0")
 
 
-#: Found by this scenario (2026-11-24, 2 runs of 3, so not strict: a strict xfail would fail
-#: the run that passes): through danube-client, the ``audit``
-#: subscription (subscribed and left at the start, read at the end) receives offsets
-#: [16, 588] and only then [0, 15], an Exclusive subscription out of offset order. The daemon
-#: pruned the unconsumed WAL segments once the jump made them older than ``max_minutes``
-#: (forced deletes; the data is in objects), then on the new consumer's takeover logged
-#: "redelivering entries of a departed consumer ... first_offset=16": what was re-read from
-#: objects came after the departed consumer's in-flight entries. Nothing is lost.
-OUT_OF_ORDER = pytest.mark.xfail(
-    strict=False,
-    reason="after a forced prune of unconsumed WAL (wall-clock jump past max_minutes), a "
-    "takeover delivers the departed consumer's in-flight entries before older offsets read "
-    "back from objects (non-monotonic offsets on an Exclusive subscription)",
-)
-
-
-@pytest.mark.parametrize("kind", [pytest.param("danube", marks=OUT_OF_ORDER), "batch"])
+@pytest.mark.parametrize("kind", ["danube", "batch"])
 @pytest.mark.timeout(120)
 async def test_wall_clock_jumps_lose_and_redeliver_nothing(
     brokers: BrokerFactory,

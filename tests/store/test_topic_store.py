@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from danube_ingest.errors import OffsetOutOfRangeError
+from danube_ingest.errors import OffsetOutOfRangeError, WalCorruptionError
 from danube_ingest.objects.uploader import build_segment_object
 from danube_ingest.store import TopicStore
 from danube_ingest.wal import Entry
@@ -200,6 +200,30 @@ async def test_segment_deleted_under_a_reading_reader(
             with pytest.raises(OffsetOutOfRangeError):
                 await reader.next_batch()
     assert_sequence(await read_topic(store, "t"), first, payloads[first:])
+
+
+async def test_corruption_found_by_a_reader_names_the_segment_file(
+    file_stores: StoreFactory,
+) -> None:
+    """The error named ``wal/r0/segment 0``, a file that does not exist."""
+    store = await file_stores.open(
+        segment_bytes=8 * KiB, cache_max_bytes=KiB, cache_topic_max_bytes=KiB
+    )
+    await append_all(store, "t", [bytes([i]) * KiB for i in range(24)])
+    region = store.regions[0]
+    seq = min(region.sealed)
+    assert region.region_dir is not None
+    path = region.region_dir / f"{seq:020d}.wal"
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    path.write_bytes(bytes(data))
+    reader = store.create_reader("t", 0, max_batch=1)
+    with pytest.raises(WalCorruptionError) as caught:
+        for _ in range(24):
+            await within(reader.next_batch())
+    assert caught.value.path == str(path)
+    assert str(path) in str(caught.value)
 
 
 async def test_reader_close_wakes_a_waiting_reader() -> None:
