@@ -58,6 +58,8 @@ class DeliveryTimeoutError(ClientError):
         )
         self.topic = topic
         self.count = count
+        self.attempts = attempts
+        """How many times the batch was sent."""
         self.sent = attempts > 0
 
 
