@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import grpc
@@ -253,9 +253,10 @@ class IngestService(pb_grpc.IngestServiceServicer):
         acks = asyncio.get_running_loop().create_task(
             self._read_acks(request_iterator, consumer_id, sub_type in _CUMULATIVE)
         )
-        deliveries = aiter(
-            self._manager.deliveries(consumer_id, max_batch, caller.peer, caller.owner, frames=True)
+        deliveries = self._manager.deliveries(
+            consumer_id, max_batch, caller.peer, caller.owner, frames=True
         )
+        following: asyncio.Future[Any] | None = None
         try:
             yield pb.ConsumeResponse(topic=sub.topic, count=0, consumer_id=consumer_id)
             while True:
@@ -264,9 +265,6 @@ class IngestService(pb_grpc.IngestServiceServicer):
                 following = asyncio.ensure_future(anext(deliveries))
                 await asyncio.wait((following, acks), return_when=asyncio.FIRST_COMPLETED)
                 if not following.done():
-                    following.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                        await following
                     acks.result()  # an error reading the requests ends the stream with it
                     return
                 try:
@@ -286,7 +284,11 @@ class IngestService(pb_grpc.IngestServiceServicer):
             await _abort(context, exc)
             raise
         finally:
+            # However the stream ends (the client gone: gRPC cancels this handler, mid-wait or
+            # mid-send), the consumer is detached now, so what it held goes back to the
+            # subscription at once rather than when the stall sweep notices.
             acks.cancel()
+            await _detach(following, deliveries)
 
     async def _read_acks(
         self, requests: AsyncIterator[Any], consumer_id: int, cumulative: bool
@@ -369,6 +371,19 @@ def _deliver(
     room.release()
     if not task.cancelled():
         answers.put_nowait(task.result())
+
+
+async def _detach(
+    following: asyncio.Future[Any] | None, deliveries: AsyncGenerator[Any, None]
+) -> None:
+    """End a Consume stream's deliveries: cancel the pending read of the next batch, then close
+    the generator (its ``finally`` detaches the consumer). Never raises."""
+    if following is not None and not following.done():
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+            await following
+    with contextlib.suppress(Exception):
+        await deliveries.aclose()
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:

@@ -38,7 +38,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -1024,7 +1024,7 @@ class TopicManager:
         peer: str | None = None,
         owner: str | None = None,
         frames: bool = False,
-    ) -> AsyncIterator[list[Delivery | Frame]]:
+    ) -> AsyncGenerator[list[Delivery | Frame], None]:
         """A consumer's deliveries, at most ``max_batch`` messages at a time, in dispatch order
         (``frames``: as frames of consecutive offsets where dispatch allows, see
         ``ReliableSubscription.attach``); a new stream takes over an old one. ``peer``: the

@@ -11,6 +11,7 @@ from danube_ingest.client._errors import (
     ConsumeError,
     DeliveryTimeoutError,
     PublishError,
+    stream_lost,
 )
 from danube_ingest.client._producer import Compression, Producer, new_producer_id, target
 from danube_ingest.client._tls import TlsOptions, open_channel
@@ -30,5 +31,6 @@ __all__ = [
     "decode_batch",
     "new_producer_id",
     "open_channel",
+    "stream_lost",
     "target",
 ]

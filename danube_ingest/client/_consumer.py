@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from danube_ingest.client._auth import call_metadata
-from danube_ingest.client._errors import ConsumeError
+from danube_ingest.client._errors import ConsumeError, stream_lost
 from danube_ingest.client._tls import TlsOptions, open_channel
 from danube_ingest.proto import ingest_pb2 as pb
 from danube_ingest.proto import ingest_pb2_grpc as pb_grpc
@@ -53,17 +53,6 @@ class Batch:
         return [entry.offset for entry in self.entries]
 
 
-#: Stream failures after which the consumer subscribes again (``reconnect=True``): the daemon
-#: went away or restarted, the topic is moving, or the stream ended (shutdown, takeover).
-_RECONNECT = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.CANCELLED,
-    }
-)
 #: Shared / KeyShared: how many acked ranges are remembered to recognise redeliveries of
 #: acknowledged messages after a reconnect (an ack lost with the old stream).
 ACKED_RANGES_KEPT = 4096
@@ -80,8 +69,11 @@ class Consumer:
     ``token``: a JWT or API key sent as ``authorization: Bearer`` (daemons with
     ``auth.enabled``).
 
-    **Reconnect** (``reconnect=True``, the default): when the stream fails (UNAVAILABLE and the
-    other codes in ``_RECONNECT``) or ends, the consumer subscribes again under the same name,
+    **Reconnect** (``reconnect=True``, the default): when the stream is lost (the daemon died
+    or restarted, the connection broke: UNAVAILABLE, CANCELLED, RESOURCE_EXHAUSTED,
+    DEADLINE_EXCEEDED, ABORTED, and an INTERNAL that gRPC made rather than the daemon sent, see
+    :func:`~danube_ingest.client.stream_lost`) or ends, the consumer subscribes again
+    under the same name,
     with exponential backoff (``retry_backoff_ms`` doubling up to ``max_backoff_ms``), for at
     most ``reconnect_timeout_s`` without success (then ``ConsumeError``). The subscription
     resumes after its acknowledged messages: what this consumer held unacknowledged is
@@ -89,8 +81,9 @@ class Consumer:
     daemon redelivers them) are acknowledged again and not returned a second time (Exclusive /
     Failover: every offset up to the highest acked; Shared / KeyShared: the last
     ``ACKED_RANGES_KEPT`` acked ranges). Two consumers of the same name take the stream from
-    each other; give each its own name. Errors that a retry cannot mend (a bad topic name,
-    INVALID_ARGUMENT, NOT_FOUND...) end the iteration with :class:`ConsumeError`.
+    each other; give each its own name. Refusals, which a retry cannot mend (INVALID_ARGUMENT,
+    NOT_FOUND, PERMISSION_DENIED, UNAUTHENTICATED, FAILED_PRECONDITION, an INTERNAL error the
+    daemon reported), end the iteration with :class:`ConsumeError` (``retriable`` false).
 
     ``tls``: as for :class:`Producer`.
     """
@@ -192,12 +185,13 @@ class Consumer:
         deadline = time.monotonic() + self._reconnect_timeout
         delay = self._backoff
         while True:
-            if self._closed or not self._reconnect or cause.code not in _RECONNECT:
+            if self._closed or not self._reconnect or not cause.retriable:
                 raise cause
             log.info(
-                "consume stream lost, subscribing again topic=%s consumer=%s error=%s",
+                "consume stream lost, subscribing again topic=%s consumer=%s delay=%.3f error=%s",
                 self.topic,
                 self._subscribe.consumer_name,
+                delay,
                 cause,
             )
             if self._call is not None:
@@ -290,7 +284,9 @@ class Consumer:
             response = await asyncio.wait_for(asyncio.shield(reading), timeout)
         except grpc.aio.AioRpcError as exc:
             self._reading = None
-            raise ConsumeError(exc.code(), exc.details() or "", self.topic) from None
+            code, details = exc.code(), exc.details() or ""
+            lost = stream_lost(code, details, exc.debug_error_string() or "")
+            raise ConsumeError(code, details, self.topic, lost=lost) from None
         self._reading = None
         if response is grpc.aio.EOF:
             raise ConsumeError(grpc.StatusCode.UNAVAILABLE, "the stream ended", self.topic)

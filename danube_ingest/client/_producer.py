@@ -86,6 +86,7 @@ class _Batch:
     request: Any = None
     sequence: int | None = None
     attempts: int = 0
+    gaps: int = 0  # answers FAILED_PRECONDITION (a sequence gap) so far
     deadline: float = float("inf")  # (event loop time) failed with DeliveryTimeoutError after
     answered: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -100,11 +101,17 @@ class Producer:
     unanswered). ``send_many`` hands over many plain messages at once (one future for all of
     them; encoded without a Python object per message: the fast path for bulk publishing).
 
-    Guarantees: messages of one producer are stored in ``send`` order. A batch the daemon
-    could not take (RESOURCE_EXHAUSTED, with exponential backoff; UNAVAILABLE, a lost
-    connection) is resent with the same sequence number, so with ``idempotent=True`` (the
-    default) it is stored exactly once even if the first attempt was stored and only the
-    answer was lost, also across a daemon restart. A batch refused for good (bad input) fails
+    Guarantees: a batch the daemon could not take (RESOURCE_EXHAUSTED, with exponential
+    backoff; UNAVAILABLE, a lost connection) is resent with the same sequence number, so with
+    ``idempotent=True`` (the default) it is stored exactly once even if the first attempt was
+    stored and only the answer was lost, also across a daemon restart. **Order**: with
+    ``idempotent=True`` messages of one producer are stored in ``send`` order, also across
+    resends (the daemon refuses a batch sent behind a resent one as a sequence gap,
+    FAILED_PRECONDITION, and it is resent after it; a gap answered again to the same batch is
+    resent with exponential backoff too). With ``idempotent=False`` that holds only with
+    ``max_in_flight=1``: otherwise a resent batch may be stored after batches sent behind it
+    (Kafka's rule without idempotence), and a resend after a lost answer may store a batch
+    twice. A batch refused for good (bad input) fails
     its messages' futures with :class:`PublishError`; later batches go on. A message no WAL
     frame can hold (a routing key or attribute key over 65,535 UTF-8 bytes, a lone surrogate)
     is refused the same way (INVALID_ARGUMENT) without being sent; the rest of its batch goes
@@ -509,19 +516,31 @@ class Producer:
                 self._complete(batch, answer.base_offset)
             elif code in _RETRIABLE or code == grpc.StatusCode.FAILED_PRECONDITION:
                 # (FAILED_PRECONDITION: a sequence gap behind a batch that is being resent.)
-                if code == grpc.StatusCode.FAILED_PRECONDITION and self._rotate:
-                    # Behind an expired sequence the daemon does not have: that gap never
-                    # fills, and this batch is not stored; it goes under the new producer id.
-                    batch.sequence = None
+                if code == grpc.StatusCode.FAILED_PRECONDITION:
+                    batch.gaps += 1
+                    if self._rotate:
+                        # Behind an expired sequence the daemon does not have: that gap never
+                        # fills, and this batch is not stored; it goes under the new producer
+                        # id.
+                        batch.sequence = None
+                    elif batch.gaps > 1:
+                        # The first gap is expected (an earlier batch is resent first, in
+                        # order); one that persists is not, and must not be resent in a loop.
+                        self._pause(batch.gaps - 2)
                 if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    backoff = min(self._backoff * 2 ** min(batch.attempts, 10), self._max_backoff)
-                    self._pause_until = time.monotonic() + backoff
+                    self._pause(batch.attempts)
                 self._requeue(batch)
             else:
                 # (ALREADY_EXISTS: stored before, beyond the daemon's memory of this producer;
                 # its sequence is used, the offsets are unknown.)
                 stored = code == grpc.StatusCode.ALREADY_EXISTS
                 self._fail(batch, PublishError(code, answer.error, self.topic), stored)
+
+    def _pause(self, doublings: int) -> None:
+        """Send nothing for ``retry_backoff_ms`` doubled ``doublings`` times (at most
+        ``max_backoff_ms``), or longer if a pause is under way already."""
+        backoff = min(self._backoff * 2 ** min(doublings, 10), self._max_backoff)
+        self._pause_until = max(self._pause_until, time.monotonic() + backoff)
 
     def _complete(self, batch: _Batch, base: int) -> None:
         for i, future in enumerate(batch.futures):

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import grpc
-import pytest
 from danube import (
     ConsumerOptions,
     DanubeClientBuilder,
@@ -43,19 +42,9 @@ from danube_ingest.wal.framing import Entry
 Kind = Literal["danube", "batch"]
 KINDS: tuple[Kind, ...] = ("danube", "batch")
 
-#: The batch client does not survive repeated daemon kills yet (found by these scenarios,
-#: 2026-11-24; danube_ingest/client is not this harness's to change): ``Producer._run`` dies
-#: on ``asyncio.InvalidStateError("RPC already finished")`` from ``call.write`` on a stream the
-#: daemon's death ended (it catches only AioRpcError / ConnectionError), after which nothing
-#: more is published; and ``Consumer`` ends with ``ConsumeError(INTERNAL, "Internal error from
-#: Core")``, a status it does not reconnect on. Scenarios that kill the daemon under batch load
-#: run the batch variant as a strict xfail until both are fixed.
-BATCH_SURVIVES_KILLS = pytest.mark.xfail(
-    strict=True,
-    reason="batch client: Producer._run dies on InvalidStateError after a daemon kill, and "
-    "Consumer gives up on INTERNAL 'Internal error from Core' (see tests/faults/harness.py)",
-)
-KILLED_KINDS = ["danube", pytest.param("batch", marks=BATCH_SURVIVES_KILLS)]
+#: Client kinds of the scenarios that kill the daemon under load: both (the batch client's
+#: Producer and Consumer reconnect after a kill since 2026-11-24, issue 14/15).
+KILLED_KINDS: list[Kind] = list(KINDS)
 
 #: danube-client's retry budget for outages (see RETRY_BUDGET in tests/broker/test_restart.py:
 #: the default 1.5-3 s of retries does not bridge a daemon restart).
