@@ -56,6 +56,15 @@ BATCH_SURVIVES_KILLS = pytest.mark.xfail(
     "Consumer gives up on INTERNAL 'Internal error from Core' (see tests/faults/harness.py)",
 )
 KILLED_KINDS = ["danube", pytest.param("batch", marks=BATCH_SURVIVES_KILLS)]
+#: The same failure where a scenario kills the daemon only a few times: there it is
+#: intermittent (tests/faults/test_upload_crash.py, 3 kills: the batch consumer gave up in 1
+#: of 4 runs), so the batch variant is a non-strict xfail, passing most of the time.
+BATCH_MAY_NOT_SURVIVE_KILLS = pytest.mark.xfail(
+    strict=False,
+    reason="batch client, intermittent over a few daemon kills: "
+    + BATCH_SURVIVES_KILLS.kwargs["reason"],
+)
+FEW_KILLS_KINDS = ["danube", pytest.param("batch", marks=BATCH_MAY_NOT_SURVIVE_KILLS)]
 
 #: danube-client's retry budget for outages (see RETRY_BUDGET in tests/broker/test_restart.py:
 #: the default 1.5-3 s of retries does not bridge a daemon restart): about 60 s in all, as
