@@ -45,10 +45,14 @@ KINDS: tuple[Kind, ...] = ("danube", "batch")
 #: Client kinds of the scenarios that kill the daemon under load: both (the batch client's
 #: Producer and Consumer reconnect after a kill since 2026-11-24, issue 14/15).
 KILLED_KINDS: list[Kind] = list(KINDS)
+#: Scenarios that kill the daemon only a few times (tests/faults/test_upload_crash.py): both.
+FEW_KILLS_KINDS: list[Kind] = list(KINDS)
 
 #: danube-client's retry budget for outages (see RETRY_BUDGET in tests/broker/test_restart.py:
-#: the default 1.5-3 s of retries does not bridge a daemon restart).
-RETRY_BUDGET = {"max_retries": 120, "base_backoff_ms": 100, "max_backoff_ms": 500}
+#: the default 1.5-3 s of retries does not bridge a daemon restart): about 60 s in all, as
+#: 120 x 500 ms was, but retried every 200 ms at most, so that a client finds a restarted
+#: daemon (a warm restart serves within ~0.2 s) without waiting out a long backoff.
+RETRY_BUDGET = {"max_retries": 300, "base_backoff_ms": 100, "max_backoff_ms": 200}
 #: Messages a batch load keeps unanswered at most: enough to have many in flight at a kill.
 BATCH_WINDOW = 200
 

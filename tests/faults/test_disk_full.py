@@ -1,0 +1,143 @@
+"""ENOSPC on a WAL write under load: the daemon's data dir is on a small tmpfs (a disk that
+really fills up) with no free-space floor (``retention.min_free_bytes: 0``, so the write itself
+fails instead of the floor refusing publishes first: the case of another process taking the
+space faster than the daemon's checks), and a ballast file takes the rest of the disk while a
+producer publishes and a consumer acks.
+
+Fail-stop is required: once the write failed the daemon acknowledges nothing more (the WAL
+region is failed, ``INTERNAL``, even after space is freed: docs in danube_ingest/wal/space.py),
+and after the ballast is deleted and the daemon restarted on the same disk, publishing goes on
+and the history checker finds nothing acknowledged lost, no duplicate beyond the
+unacknowledged window, and contiguous offsets.
+
+Not covered: EIO, and any error of ``fdatasync``. tmpfs allocates at write time (its fsync
+never fails), and making a real EIO needs a device-mapper ``error`` target (no
+/dev/mapper in this container) or a FUSE filesystem (/dev/fuse exists, libfuse does not).
+A failed write of another errno is covered through the same code path, without the daemon,
+by tests/wal/test_crash.py (EFBIG from RLIMIT_FSIZE)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from danube_ingest.testing import (
+    BrokerProcess,
+    History,
+    assert_history_ok,
+    fill_filesystem,
+    small_filesystem,
+)
+from tests.broker.support import stop_all
+from tests.broker.test_both_clients import create_topic
+
+from .harness import KINDS, Kind, Load, Reader, acked_count, record
+
+pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
+
+MiB = 1 << 20
+TOPIC = "/default/diskfull"
+#: How long the daemon must acknowledge nothing while the disk is full, and after the space
+#: is freed before the restart (the region stays failed).
+QUIET = 2.0
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    with small_filesystem(tmp_path / "disk", 24 * MiB) as path:
+        yield path
+
+
+async def _stalled(load: Load, quiet: float, timeout: float = 30.0) -> int:
+    """Wait until ``load`` got no acknowledgement for ``quiet`` seconds; its acked count."""
+    deadline = time.monotonic() + timeout
+    seen, since = load.acked, time.monotonic()
+    while time.monotonic() - since < quiet:
+        assert time.monotonic() < deadline, f"still acknowledging after {timeout}s of a full disk"
+        await asyncio.sleep(0.1)
+        if load.acked != seen:
+            seen, since = load.acked, time.monotonic()
+    return seen
+
+
+async def _read_after_restart(kind: Kind, url: str, history: History, before: Reader) -> None:
+    """Read everything on ``audit``, then on ``live`` with a new consumer whatever ``before``
+    (the live consumer until the restart) was not delivered."""
+    audit = Reader(kind, url, TOPIC, "audit", history, name="audit")
+    await audit.start()
+    try:
+        with contextlib.suppress(AssertionError):  # the checker names what is missing
+            await audit.wait_count(acked_count(history, TOPIC), timeout=60)
+        await audit.settle(quiet=0.5)
+    finally:
+        await audit.close()
+    live = Reader(kind, url, TOPIC, "live", history, name="c2")
+    await live.start()
+    try:
+        with contextlib.suppress(AssertionError):
+            await live.wait_for(audit.offsets - before.offsets, timeout=60)
+        await live.settle(quiet=0.5)
+    finally:
+        await live.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.timeout(150)
+async def test_enospc_on_write_fails_stop_and_recovers_after_restart(
+    disk: Path, etcd_server: str, etcd_prefix: str, history: History, kind: Kind
+) -> None:
+    broker = BrokerProcess(
+        disk / "broker-1",
+        etcd_server,
+        prefix=etcd_prefix,
+        lease_ttl=4,
+        warm=True,
+        storage={"wal": {"segment_bytes": "1MiB", "retention": {"min_free_bytes": 0}}},
+    )
+    started = time.monotonic()
+    try:
+        await asyncio.to_thread(broker.start)
+        await create_topic(broker.url, TOPIC)
+        audit = Reader(kind, broker.url, TOPIC, "audit", history, name="audit")
+        await audit.start()
+        await audit.close()
+        live = Reader(kind, broker.url, TOPIC, "live", history)
+        await live.start()
+        load = Load(kind, broker.url, TOPIC, history, "p1")
+        await load.start()
+        await load.wait_acked(200)
+        ballast = disk / "ballast"
+        history.fault("enospc", "ballast fills the disk")
+        fill_filesystem(ballast, leave=0)
+        acked_full = await _stalled(load, QUIET)
+        assert "wal failed" in broker.log_text(), "the disk filled but no WAL write failed"
+        assert "No space left on device" in broker.log_text()
+        ballast.unlink()
+        await asyncio.sleep(QUIET)
+        assert load.acked == acked_full, "the failed WAL acknowledged again without a restart"
+        await live.close()
+        history.fault("restart", "after the disk was freed")
+        broker.kill()
+        restarted = time.monotonic()
+        await asyncio.to_thread(broker.start)
+        await load.wait_acked(acked_full + 200, timeout=60)
+        recovered = time.monotonic() - restarted
+        await load.stop()
+        await _read_after_restart(kind, broker.url, history, live)
+    finally:
+        await stop_all([broker])
+    report = assert_history_ok(history, subscriptions=[(TOPIC, "live"), (TOPIC, "audit")])
+    record(
+        "enospc-on-write",
+        kind,
+        report,
+        cycles=1,
+        acked_before_full=acked_full,
+        recover_s_max=round(recovered, 2),
+        seconds=round(time.monotonic() - started, 1),
+    )
