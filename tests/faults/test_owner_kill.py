@@ -21,8 +21,12 @@ the wait. danube-client looks a topic up again only on the broker it is connecte
 producer keeps publishing through the kill and reaches the new owner through the restarted old
 one (scenario 1); for a broker gone for good the application reconnects through the survivor
 (scenario 2). The live subscriber is a danube-client consumer reopened on the survivor after
-each takeover: left alone, its consumer stopped receiving after the third kill in
-both runs tried (danube-client's reconnect, not diagnosed further).
+each takeover. Left alone it stops receiving, by danube-client's design: its health-check loop
+ends for good on the first failed check (the owner is down), and its receive loop retries the
+stream on the broker it knows without backoff and without a new lookup (seen: 27,284
+``UNAVAILABLE "owned by ..."`` answers from the restarted old owner in about 20 s); only a
+health check answering CLOSE (one that happens to fall after the restart) makes it subscribe
+again through a lookup.
 """
 
 from __future__ import annotations
