@@ -8,6 +8,9 @@ then reports, with counts and the first few examples of each:
 
 * **lost**: an acknowledged write that a checked subscription never received, or that was
   received at another offset than the one its producer was told (the slot holds something else);
+  except a write whose offset lies in a range an operator **declared lost** (``brokers forget``:
+  a recorded jump with reason ``lost``), counted as ``declared_lost`` instead (its offset: the
+  one its producer was told, else every offset a consumer received it at, all in such ranges);
 * **duplicated writes**: a write stored at more offsets than its unacknowledged attempts allow
   (one copy per acknowledged sequence, plus one per attempt that was not acknowledged and was
   retried, plus, for a client that resends internally (``Write.since``), one per fault during
@@ -292,6 +295,7 @@ def check(
     manifest: Iterable[Span] = (),
     parquet_commits: Iterable[Span] = (),
     gaps: Mapping[str, Iterable[tuple[int, int]]] | None = None,
+    declared_lost: Mapping[str, Iterable[tuple[int, int]]] | None = None,
 ) -> Report:
     """Check a history against the daemon's guarantees (see the module docstring).
 
@@ -301,10 +305,16 @@ def check(
     ``parquet_commits``: spans (``manifest_spans``; Parquet commits as
     ``Span(partition, first, last + 1)``), each key's spans sorted by start must neither overlap
     nor leave holes. ``gaps``: per topic, ``[start, end)`` offset ranges that legitimately never
-    existed (an offset jump), exempt from the ``skipped`` and gap checks.
+    existed (an offset jump), exempt from the ``skipped`` and gap checks. ``declared_lost``:
+    per topic, ``[start, end)`` ranges declared lost (jumps with reason ``lost``): gaps as
+    above, and an acknowledged write placed in one (see the module docstring) is counted in
+    ``declared_lost``, never in ``lost``, whichever subscriptions received it.
     """
     events = history.events if isinstance(history, History) else list(history)
     allowed = {topic: list(spans) for topic, spans in (gaps or {}).items()}
+    written_off = {topic: list(spans) for topic, spans in (declared_lost or {}).items()}
+    for topic, spans in written_off.items():
+        allowed.setdefault(topic, []).extend(spans)
     report = Report()
     counts = report.counts
     writes = [e for e in events if isinstance(e, Write)]
@@ -318,12 +328,13 @@ def check(
         counts.setdefault(name, 0)
     counts.setdefault("redelivered_after_ack", 0)
     counts.setdefault("resent_copies", 0)
+    counts.setdefault("declared_lost", 0)
 
     if subscriptions is None:
         checked = sorted({(d.topic, d.subscription) for d in deliveries})
     else:
         checked = sorted(set(subscriptions))
-    _check_lost(report, writes, deliveries, checked)
+    _check_lost(report, writes, deliveries, checked, written_off)
     faults = [e.t for e in events if isinstance(e, Fault)]
     _check_duplicated_writes(report, writes, deliveries, faults)
     _check_subscriptions(report, events, allowed)
@@ -345,6 +356,7 @@ def _check_lost(
     writes: Sequence[Write],
     deliveries: Sequence[Delivery],
     checked: Sequence[tuple[str, str]],
+    written_off: Mapping[str, list[tuple[int, int]]],
 ) -> None:
     told: dict[tuple[str, str, int], int | None] = {}
     for w in writes:
@@ -356,10 +368,18 @@ def _check_lost(
         lambda: defaultdict(set)
     )
     at_offset: dict[tuple[str, str], dict[int, tuple[str | None, int | None]]] = defaultdict(dict)
+    placed: dict[tuple[str, str, int], set[int]] = defaultdict(set)  # where anyone received it
     for d in deliveries:
         if d.producer is not None and d.sequence is not None:
             received[(d.topic, d.subscription)][(d.producer, d.sequence)].add(d.offset)
+            placed[(d.topic, d.producer, d.sequence)].add(d.offset)
         at_offset[(d.topic, d.subscription)][d.offset] = (d.producer, d.sequence)
+    for key, offset in sorted(told.items()):
+        ranges = written_off.get(key[0], [])
+        stored = {offset} if offset is not None else placed.get(key, set())
+        if ranges and stored and all(_inside(o, o + 1, ranges) for o in stored):
+            report.counts["declared_lost"] += 1
+            del told[key]
     for topic, subscription in checked:
         got = received[(topic, subscription)]
         slots = at_offset[(topic, subscription)]

@@ -166,6 +166,41 @@ def test_a_hole_in_a_subscriptions_offsets_is_skipped_unless_declared() -> None:
     assert check(h, gaps={T: [(2, 4)]}).ok
 
 
+def test_acked_writes_in_a_range_declared_lost_are_counted_apart_from_silent_loss() -> None:
+    # Offsets 0-1 delivered; 2-3 acknowledged by an owner declared lost (never delivered, one
+    # told its offset, one placed by a delivery to a subscription that is not checked), the
+    # survivor continuing at 6 after the recorded jump [2, 6).
+    h = History()
+    for i in range(2):
+        h.write(T, "p", i, acked=True, offset=i)
+        h.delivery(T, "s", "c", i, message_id("p", i))
+    h.write(T, "p", 2, acked=True, offset=2)
+    h.write(T, "d", 0, acked=True)  # a client that does not say the offset
+    h.delivery(T, "early", "c", 3, message_id("d", 0))
+    h.write(T, "p", 3, acked=True, offset=6)
+    h.delivery(T, "s", "c", 6, message_id("p", 3))
+    silent = check(h, subscriptions=[(T, "s")], gaps={T: [(2, 6)]})
+    assert silent["lost"] == 2 and silent["declared_lost"] == 0
+    report = assert_history_ok(h, subscriptions=[(T, "s")], declared_lost={T: [(2, 6)]})
+    assert report["declared_lost"] == 2 and report["lost"] == 0
+    # Outside the declared range, a missing acknowledged write is still lost.
+    h.write(T, "p", 4, acked=True, offset=7)
+    report = check(h, subscriptions=[(T, "s")], declared_lost={T: [(2, 6)]})
+    assert report["lost"] == 1 and report["declared_lost"] == 2
+    assert "p:4" in report.examples["lost"][0]
+
+
+def test_a_write_delivered_outside_the_declared_range_is_not_declared_lost() -> None:
+    # A resent copy: stored in the lost range by the dead owner and again by the survivor.
+    h = History()
+    h.write(T, "d", 0, acked=False)
+    h.write(T, "d", 0, acked=True)
+    h.delivery(T, "early", "c", 0, message_id("d", 0))
+    h.delivery(T, "s", "c", 5, message_id("d", 0))
+    report = assert_history_ok(h, subscriptions=[(T, "s")], declared_lost={T: [(0, 5)]})
+    assert report["declared_lost"] == 0
+
+
 def test_manifest_and_parquet_gaps_and_overlaps() -> None:
     spans = [Span(T, 0, 10), Span(T, 12, 20), Span(T, 18, 30), Span("/default/u", 0, 5)]
     report = check(History(), manifest=spans, parquet_commits=spans)
