@@ -24,6 +24,8 @@ from danube_ingest.client import Consumer, new_producer_id
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.handover import RECOVERED, read_handover
 from danube_ingest.metadata.keys import Keys
+from danube_ingest.metadata.kv import Put
+from danube_ingest.metadata.producers import HandedProducers
 from danube_ingest.proto import ingest_pb2 as ipb
 from danube_ingest.proto import ingest_pb2_grpc as ipb_grpc
 from danube_ingest.testing import BrokerProcess
@@ -203,3 +205,42 @@ async def test_a_recovered_takeover_hands_the_producer_table_over(
     assert found is not None and found[0].state == RECOVERED
     assert found[0].end == BATCHES * N
     assert "producer table in the hand-over" in a.log_text()
+
+
+async def test_a_stale_table_is_ignored_and_an_earlier_ownerships_table_cleared(
+    start_broker: StartBroker, etcd_server: str, etcd_prefix: str, kv: EtcdKV, keys: Keys
+) -> None:
+    """B stores sequences 0-2, hands the topic to A (clean shutdown), A stores 3-4 and unloads
+    back to B, but the table A handed over is replaced by a stale one (as when a later owner
+    assigned offsets and lost them): B ignores and deletes it, and forgets the table its WAL
+    kept from its first ownership, which would refuse sequence 5 as a gap after 2."""
+    a = await start_broker("broker-a")
+    b = await start_broker("broker-b")
+    pid = new_producer_id()
+    assert [x.base_offset for x in await publish(b.url, [batch(pid, s) for s in range(3)])] == [
+        0,
+        N,
+        2 * N,
+    ]
+    await asyncio.to_thread(b.stop)
+    moved = await publish(a.url, [batch(pid, s) for s in (2, 3, 4)])
+    assert [(x.code, x.base_offset, x.duplicate) for x in moved] == [
+        (0, 2 * N, True),
+        (0, 3 * N, False),
+        (0, 4 * N, False),
+    ]
+    await asyncio.to_thread(b.start)
+    out = await asyncio.to_thread(cli, etcd_server, etcd_prefix, "topics", "unload", TOPIC)
+    assert f"topic {TOPIC} unloaded from broker-a" in out, out
+    stale = HandedProducers(N, 1, "broker-x", {pid: [(0, 0, N)]})
+    await kv.txn([], [Put(keys.producers(TOPIC), stale.encode())])
+
+    [answer] = await publish(b.url, [batch(pid, 5)])
+    assert (answer.code, answer.error, answer.base_offset, answer.duplicate) == (
+        0,
+        "",
+        5 * N,
+        False,
+    )
+    assert await kv.get(keys.producers(TOPIC)) is None
+    assert "stale producer table ignored" in b.log_text()
