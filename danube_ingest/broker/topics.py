@@ -52,6 +52,7 @@ from danube_ingest.broker.errors import (
     UnknownClientError,
 )
 from danube_ingest.broker.names import parse_topic, partition_base
+from danube_ingest.broker.producer_handover import adopt_handed_producers, handed_table
 from danube_ingest.broker.start import LATEST, StartPosition
 from danube_ingest.broker.takeover import TakeoverGate
 from danube_ingest.broker.validation import check_message, check_name
@@ -332,6 +333,14 @@ class TopicManager:
                     # assigned (a range declared lost was recorded with its resolution).
                     await record_jump(self._ownership, topic, known, start)
                 await self._store.ensure_topic(topic, min_next_offset=start, min_ingest_ms=floor)
+                if self._manifest is not None:
+                    await adopt_handed_producers(
+                        self._store,
+                        self._ownership,
+                        topic,
+                        start,
+                        local.next_offset if local is not None else None,
+                    )
                 if resolved is not None:
                     await self._reservations.adopt(topic, start)
             else:
@@ -442,7 +451,9 @@ class TopicManager:
                         return False
                     await asyncio.sleep(_RECOVER_POLL_SECONDS)
                 # The next owner continues right after the last offset assigned here.
-                await self._reservations.hand_over(topic, end)
+                await self._reservations.hand_over(
+                    topic, end, handed_table(self._store, self._ownership, topic, end)
+                )
         await self._ownership.release(topic)
         log.info(
             "topic unloaded topic=%s committed_below=%s took_s=%.2f",
@@ -1231,7 +1242,9 @@ class TopicManager:
                     continue
                 del ends[name]
                 try:
-                    await self._reservations.hand_over(name, end)
+                    await self._reservations.hand_over(
+                        name, end, handed_table(self._store, self._ownership, name, end)
+                    )
                 except DanubeIngestError as exc:
                     log.warning(
                         "shutdown hand-over failed topic=%s end=%d error=%s", name, end, exc

@@ -41,7 +41,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -49,7 +49,7 @@ from danube_ingest.metadata import values
 from danube_ingest.metadata.errors import MetadataError
 from danube_ingest.metadata.jumps import OffsetJump
 from danube_ingest.metadata.keys import Keys
-from danube_ingest.metadata.kv import KV, Compare, Delete, Get, KeyValue, Put
+from danube_ingest.metadata.kv import KV, Compare, Delete, Get, KeyValue, Put, TxnOp
 from danube_ingest.metadata.manifest import Manifest, ObjectRange, covered
 from danube_ingest.metadata.ownership import Ownership
 
@@ -245,10 +245,15 @@ async def commit_tail(
     return result.succeeded
 
 
-async def resolve_recovered(manifest: Manifest, stored: KeyValue) -> Handover | None:
+async def resolve_recovered(
+    manifest: Manifest, stored: KeyValue, also: Callable[[Handover], Sequence[TxnOp]] | None = None
+) -> Handover | None:
     """Mark the pending takeover record ``stored`` (as read from etcd) recovered at the
     manifest's end (what the previous broker committed of its tail); the new owner continues
-    there. None if the record changed since it was read, or is not pending."""
+    there. None if the record changed since it was read, or is not pending.
+
+    ``also`` gives, for the resolved record, more ops written in the same transaction (the
+    previous broker's producer table for the new owner, ``metadata.producers``)."""
     record = Handover.decode(_topic_of(manifest.keys, stored.key), stored.value, stored.key)
     if record.state != PENDING:
         return None
@@ -259,8 +264,9 @@ async def resolve_recovered(manifest: Manifest, stored: KeyValue) -> Handover | 
             f"outside the awaited range [{record.committed}, {record.reserved}]"
         )
     done = dataclasses.replace(record, state=RECOVERED, end=end, at_ms=_now_ms())
+    extra = [] if also is None else list(also(done))
     result = await manifest.kv.txn(
-        [Compare.value_is(stored.key, stored.value)], [Put(stored.key, done.encode())]
+        [Compare.value_is(stored.key, stored.value)], [Put(stored.key, done.encode()), *extra]
     )
     if not result.succeeded:
         return None

@@ -208,6 +208,10 @@ class Keys:
         """The topic's retained floor: retention removed every manifest range below it."""
         return f"{self.prefix}/storage/topics/{self._topic_path(topic)}/floor"
 
+    def producers(self, topic: str) -> str:
+        """The idempotent producer table handed over with the topic (``metadata.producers``)."""
+        return f"{self.storage_topic_prefix(topic)}producers"
+
     def storage_jumps_prefix(self, topic: str) -> str:
         """Prefix of the topic's recorded offset jumps (in offset order: zero-padded keys)."""
         return f"{self.prefix}/storage/topics/{self._topic_path(topic)}/jumps/"

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from danube_ingest.metadata.errors import FencedError, MetadataError
-from danube_ingest.metadata.kv import Compare, Get, KeyValue, Put
+from danube_ingest.metadata.kv import Compare, Get, KeyValue, Put, TxnOp
 from danube_ingest.metadata.ownership import Owner, Ownership
 
 #: One fenced transaction per this many offsets; also the largest gap a takeover leaves.
@@ -151,9 +152,10 @@ class OffsetReservation:
                 entry = None  # changed since read: read again
             raise MetadataError(f"the offset reservation of {topic} kept changing under its owner")
 
-    async def hand_over(self, topic: str, next_offset: int) -> None:
+    async def hand_over(self, topic: str, next_offset: int, also: Sequence[TxnOp] = ()) -> None:
         """Set the reservation to exactly ``next_offset`` before the topic is released, so
-        the next owner continues there with no gap (an unload).
+        the next owner continues there with no gap (an unload), with ``also`` (what else is
+        handed over, e.g. the producer table) in the same fenced transaction.
 
         The caller guarantees that no offset at or past ``next_offset`` was assigned. Any later
         assignment by this broker must reserve again (fenced: after the release it fails), so
@@ -164,7 +166,7 @@ class OffsetReservation:
             epoch = self._owner(topic).epoch
             broker = self._ownership.session.broker_id
             key = self._ownership.keys.topic_offsets(topic)
-            await self._ownership.fenced(topic, [Put(key, self._value(next_offset, broker))])
+            await self._ownership.fenced(topic, [Put(key, self._value(next_offset, broker)), *also])
             self._cache[topic] = _Reserved(epoch, next_offset, None, broker, self.wal_id)
 
     def _value(self, reserved: int, broker: str) -> bytes:

@@ -12,7 +12,9 @@ owner, it
    calls ``commit_orphans`` for every range it could not commit because the topic is owned
    elsewhere), comparing the record's exact value;
 3. once every entry of the topic in the WAL is committed, resolves the record as recovered
-   at the manifest's end (``resolve_recovered``), where the new owner continues.
+   at the manifest's end (``resolve_recovered``), where the new owner continues, writing in
+   the same transaction this broker's idempotent producer table of the topic for the new
+   owner (``metadata.producers``).
 
 A record naming another WAL than this broker's (``wal_id``: its data directory was wiped or
 replaced since it wrote the tail) is resolved as **lost** instead (``declare_lost``: a recorded
@@ -33,11 +35,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.handover import (
     PENDING,
+    Handover,
     clear_forgotten,
     commit_tail,
     declare_lost,
@@ -45,8 +48,10 @@ from danube_ingest.metadata.handover import (
     read_handover,
     resolve_recovered,
 )
+from danube_ingest.metadata.kv import TxnOp
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
 from danube_ingest.metadata.ownership import Ownership
+from danube_ingest.metadata.producers import HandedProducers, handover_ops
 from danube_ingest.objects.uploader import SegmentUploader
 from danube_ingest.store.topic_store import TopicStore
 
@@ -164,10 +169,22 @@ class TailHandover:
                     topic,
                 )
                 continue
-            if await resolve_recovered(self._manifest, stored) is not None:
+            if await resolve_recovered(self._manifest, stored, self._table_for(topic)) is not None:
                 self._sealed.pop(topic, None)
                 resolved.append(topic)
         return resolved
+
+    def _table_for(self, topic: str) -> Callable[[Handover], list[TxnOp]]:
+        """The ops handing this broker's producer table of ``topic`` over with its recovered
+        tail (in the transaction resolving the record; ``metadata.producers``)."""
+
+        def ops(done: Handover) -> list[TxnOp]:
+            end = done.end if done.end is not None else done.committed
+            table = self._store.producer_table(topic, end)
+            handed = HandedProducers(end, done.epoch, self._broker_id, table)
+            return handover_ops(self._manifest.keys, topic, handed)
+
+        return ops
 
     async def _run(self) -> None:
         started = False

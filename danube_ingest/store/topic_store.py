@@ -54,7 +54,13 @@ from danube_ingest.wal.log import (
     Sealed,
     StagedBlock,
 )
-from danube_ingest.wal.meta import TopicMeta, fsync_dir, write_atomic
+from danube_ingest.wal.meta import (
+    PRODUCER_WINDOW,
+    ProducerBatch,
+    TopicMeta,
+    fsync_dir,
+    write_atomic,
+)
 from danube_ingest.wal.segment import segment_path
 from danube_ingest.wal.space import DiskFree, disk_free
 from danube_ingest.wal.stored import StoredEntries, last_offset, offset_at
@@ -540,6 +546,37 @@ class TopicStore:
         if batch is not None:
             await batch
         return True
+
+    def producer_table(self, topic: str, below: int) -> dict[int, list[tuple[int, int, int]]]:
+        """The topic's idempotent producer table as ``{producer id: [(sequence, base offset,
+        count), ...]}`` (oldest batch first, least recently used producer first), limited to
+        batches wholly below offset ``below``; empty for a topic this store does not know."""
+        region = self._topic_region.get(topic)
+        meta = region.topic(topic) if region is not None else None
+        if meta is None:
+            return {}
+        table: dict[int, list[tuple[int, int, int]]] = {}
+        for producer_id, batches in meta.producers.items():
+            kept = [
+                (b.sequence, b.base_offset, b.count)
+                for b in batches
+                if b.base_offset + b.count <= below
+            ]
+            if kept:
+                table[producer_id] = kept
+        return table
+
+    async def adopt_producers(
+        self, topic: str, table: dict[int, list[tuple[int, int, int]]]
+    ) -> None:
+        """Replace the topic's idempotent producer table with ``table`` (as ``producer_table``
+        returns it, from the topic's previous owner), durably before returning (see
+        ``RegionLog.adopt_producers``). Call before the topic is served here."""
+        producers = {
+            pid: [ProducerBatch(q, b, c) for q, b, c in batches][-PRODUCER_WINDOW:]
+            for pid, batches in table.items()
+        }
+        await self._region(topic).adopt_producers(topic, producers)
 
     def seal(self, topic: str) -> int:
         """Seal the active segment of ``topic``'s region (so the uploader takes everything

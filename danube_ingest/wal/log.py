@@ -234,7 +234,17 @@ class _Batch:
 class _Chunk:
     """Frames handed from the sequencer to the writer in one piece."""
 
-    __slots__ = ("end", "future", "groups", "handed", "pieces", "rotate_to", "seal", "seq")
+    __slots__ = (
+        "end",
+        "future",
+        "groups",
+        "handed",
+        "pieces",
+        "rotate_to",
+        "seal",
+        "seal_waiters",
+        "seq",
+    )
 
     def __init__(self, future: _Batch | None) -> None:
         self.future = future
@@ -245,6 +255,8 @@ class _Chunk:
         self.end = 0
         self.rotate_to: int | None = None
         self.seal: Snapshot | None = None
+        #: Futures completed once ``seal`` is written (``adopt_producers``).
+        self.seal_waiters: list[asyncio.Future[None]] = []
 
 
 class _Backend(Protocol):
@@ -312,6 +324,8 @@ class RegionLog:
         self._age_timer: asyncio.TimerHandle | None = None
         self._snapshot_tasks: set[asyncio.Future[None]] = set()
         self._snapshot_lock = threading.Lock()
+        #: Waiters for a snapshot at the next seal, whatever SNAPSHOT_MIN_INTERVAL says.
+        self._snapshot_waiters: list[asyncio.Future[None]] = []
         self._recovered = state
 
     # -- opening ---------------------------------------------------------------------------
@@ -424,6 +438,26 @@ class RegionLog:
             topic.next_offset,
         )
         return batch
+
+    async def adopt_producers(self, name: str, producers: dict[int, list[ProducerBatch]]) -> None:
+        """Replace the topic's idempotent producer table with ``producers`` (handed over by
+        its previous owner), durably before returning: a restart of this log recovers it.
+
+        Call before the topic gets an offset from this log's owner. Durable through a region
+        snapshot taken at a seal made for it (a WAL in memory keeps it in memory only); a
+        snapshot that is later unreadable loses the adopted table (recovery then rebuilds the
+        table from the segments alone). Raises ``WalFailedError`` if it could not be written.
+        """
+        self._check_open()
+        topic = self.ensure_topic(name)
+        topic.producers = dict(producers)
+        if self.region_dir is None:
+            return
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._snapshot_waiters.append(waiter)
+        self._rotate_requested = True
+        await self._future()
+        await waiter
 
     # -- appending -------------------------------------------------------------------------
 
@@ -737,12 +771,13 @@ class RegionLog:
     ) -> None:
         """Seal the active segment (if any) and start the next one with ``chunk``."""
         now = time.monotonic()
-        if (
+        if self._snapshot_waiters or (
             self._seq >= 0
             and self._snapshot_on_seal
             and now - self._last_snapshot >= SNAPSHOT_MIN_INTERVAL
         ):
             chunk.seal = self._snapshot(self._seq + 1, unframed)
+            chunk.seal_waiters, self._snapshot_waiters = self._snapshot_waiters, []
             self._last_snapshot = now
         self._seq += 1
         self._registered = set()
@@ -804,7 +839,7 @@ class RegionLog:
         snapshot = chunks[0].seal
         if snapshot is not None and self.region_dir is not None:
             # Everything before this chunk's segment is durable: the snapshot now tells the truth.
-            task = asyncio.ensure_future(self._write_snapshot(snapshot))
+            task = asyncio.ensure_future(self._write_snapshot(snapshot, chunks[0].seal_waiters))
             self._snapshot_tasks.add(task)
             task.add_done_callback(self._snapshot_tasks.discard)
         on_durable = self.on_durable
@@ -834,7 +869,9 @@ class RegionLog:
             path = str(segment_path(self.region_dir, seq)) if self.region_dir else None
             self.on_sealed(Sealed(self.region, seq, size, path))
 
-    async def _write_snapshot(self, snapshot: Snapshot) -> None:
+    async def _write_snapshot(
+        self, snapshot: Snapshot, waiters: Sequence[asyncio.Future[None]] = ()
+    ) -> None:
         assert self.region_dir is not None
         region_dir = self.region_dir
 
@@ -845,8 +882,17 @@ class RegionLog:
         try:
             await asyncio.to_thread(write)
         except OSError as exc:
-            # The snapshot only shortens recovery; segments remain the source of truth.
+            # The snapshot only shortens recovery; segments remain the source of truth
+            # (except for adopted producer tables: their waiters get the error).
             log.warning("wal snapshot failed region=%s error=%s", self.region, exc)
+            error = WalFailedError(f"region {self.region}: snapshot not written: {exc}")
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(error)
+            return
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _failed(self, exc: BaseException, chunks: list[_Chunk]) -> None:
         """Mark the log failed (the first failure is kept) and fail ``chunks``' waiters."""
@@ -858,6 +904,8 @@ class RegionLog:
     def _fail_chunks(self, chunks: list[_Chunk], exc: BaseException) -> None:
         error = WalFailedError(f"region {self.region}: write failed: {exc}")
         for chunk in chunks:
+            for waiter in chunk.seal_waiters:
+                waiter.cancel()  # its adopt_producers fails on the chunk's future
             future = chunk.future
             if future is not None:
                 # Via the loop: this can run inside a task (close(), a full chunk handed over
