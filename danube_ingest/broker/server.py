@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from danube_ingest.broker.batch import add_ingest_service
 from danube_ingest.broker.errors import ListenError, TlsSetupError
+from danube_ingest.broker.forward import Forwarder
 from danube_ingest.broker.services import add_services
 from danube_ingest.broker.tls import check_listen, server_credentials
 from danube_ingest.broker.topics import TopicManager
@@ -198,6 +199,7 @@ class Broker:
         self._server: grpc.aio.Server | None = None
         self.store: TopicStore | None = None
         self.manager: TopicManager | None = None
+        self._forwarder: Forwarder | None = None
         self._session: BrokerSession | None = None
         self._progress: ProgressUpdater | None = None
         self._ownership: Ownership | None = None
@@ -298,7 +300,7 @@ class Broker:
         )
         if self.clock_keeper is not None:
             self.clock_keeper.start()
-        add_services(gate, self.manager, self.guard)
+        self._forwarder = add_services(gate, self.manager, self.guard)
         add_ingest_service(gate, self.manager, self.guard)
         schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), gate)
         gate.open()
@@ -473,6 +475,8 @@ class Broker:
             await self._server.stop(grace)
         if self.manager is not None:
             await self.manager.close()
+        if self._forwarder is not None:
+            await self._forwarder.close()
         if self._progress is not None:
             await self._progress.close()
         if self.tail_handover is not None:

@@ -29,6 +29,7 @@ from danube_ingest.broker.errors import (
     TopicNotFoundError,
     UnknownClientError,
 )
+from danube_ingest.broker.forward import Forwarder
 from danube_ingest.broker.names import InvalidTopicNameError
 from danube_ingest.broker.start import from_metadata
 from danube_ingest.broker.topics import TopicManager
@@ -161,9 +162,10 @@ class DiscoveryService(pb_grpc.DiscoveryServicer):  # type: ignore[misc]
 
 
 class ProducerService(pb_grpc.ProducerServiceServicer):  # type: ignore[misc]
-    def __init__(self, manager: TopicManager, guard: Guard) -> None:
+    def __init__(self, manager: TopicManager, guard: Guard, forwarder: Forwarder) -> None:
         self._manager = manager
         self._guard = guard
+        self._forwarder = forwarder
 
     async def CreateProducer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
@@ -194,6 +196,14 @@ class ProducerService(pb_grpc.ProducerServiceServicer):  # type: ignore[misc]
                 record = await self._manager.producer(request.msg_id.producer_id, owner)
                 self._guard.authorize(caller, "produce", record.topic)
             await self._manager.publish(request, owner)
+        except NotOwnerError as exc:
+            # The topic moved (a takeover, an unload): danube-client would keep sending here
+            # until its retry budget is spent, so the owner is asked instead (broker.forward).
+            url = self._forwarder.target(exc.owner_url, context)
+            if url is None:
+                await _abort(context, exc)
+                raise
+            return await self._forwarder.send_message(url, exc.topic, request, context)
         except Exception as exc:
             if status_for(exc) == grpc.StatusCode.INTERNAL:
                 log.error(
@@ -318,9 +328,14 @@ class HandlerRegistry(Protocol):
     ) -> None: ...
 
 
-def add_services(server: HandlerRegistry, manager: TopicManager, guard: Guard) -> None:
-    """Register danube-client's services on ``server``, checking callers with ``guard``."""
+def add_services(server: HandlerRegistry, manager: TopicManager, guard: Guard) -> Forwarder:
+    """Register danube-client's services on ``server``, checking callers with ``guard``.
+    Returns the forwarder of publishes to other brokers (close it on shutdown)."""
+    forwarder = Forwarder()
     pb_grpc.add_DiscoveryServicer_to_server(DiscoveryService(manager, guard), server)
-    pb_grpc.add_ProducerServiceServicer_to_server(ProducerService(manager, guard), server)
+    pb_grpc.add_ProducerServiceServicer_to_server(
+        ProducerService(manager, guard, forwarder), server
+    )
     pb_grpc.add_ConsumerServiceServicer_to_server(ConsumerService(manager, guard), server)
     pb_grpc.add_HealthCheckServicer_to_server(HealthService(manager, guard), server)
+    return forwarder

@@ -222,6 +222,8 @@ class Reader:
         self._client: Any = None
         self._consumer: Any = None
         self.error: BaseException | None = None
+        #: the daemon that delivered the last message (danube-client: ``msg_id.broker_addr``)
+        self._broker: str | None = None
 
     async def start(self) -> None:
         """Subscribe (creating the subscription at the topic's end if it is new)."""
@@ -262,6 +264,13 @@ class Reader:
         while True:
             message = await queue.get()
             offset = message.msg_id.topic_offset
+            broker = message.msg_id.broker_addr
+            if self._broker is not None and broker != self._broker:
+                # The topic moved to another daemon: an ack the old owner took after its last
+                # cursor flush (even one taken just after a SIGCONT, before it saw its loss) is
+                # not the new owner's, which delivers the message again (at-least-once).
+                self.history.fault("owner-moved", f"{self.name}: {self._broker} -> {broker}")
+            self._broker = broker
             self._delivered(offset, message.payload)
             if self._acking():
                 try:
