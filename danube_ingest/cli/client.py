@@ -235,7 +235,8 @@ async def check_reachable(url: str, timeout: float, tls: TlsOptions | None = Non
     for ever), saying whether the port answered at all (then TLS is the likely mismatch)."""
     async with open_channel(url, tls) as channel:
         try:
-            await asyncio.wait_for(channel.channel_ready(), timeout)
+            async with asyncio.timeout(timeout):
+                await channel.channel_ready()
         except TimeoutError:
             if await _port_open(target(url)):
                 secure = tls is not None or url.startswith("https://")
@@ -258,9 +259,8 @@ async def check_reachable(url: str, timeout: float, tls: TlsOptions | None = Non
 async def _port_open(address: str) -> bool:
     host, _, port = address.rpartition(":")
     try:
-        _, writer = await asyncio.wait_for(
-            asyncio.open_connection(host.strip("[]"), int(port)), 1.0
-        )
+        async with asyncio.timeout(1.0):
+            _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
     except (OSError, ValueError, TimeoutError):
         return False
     writer.close()

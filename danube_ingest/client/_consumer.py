@@ -281,7 +281,8 @@ class Consumer:
             self._reading = (call, pending)
         reading = self._reading[1]
         try:
-            response = await asyncio.wait_for(asyncio.shield(reading), timeout)
+            async with asyncio.timeout(timeout):
+                response = await asyncio.shield(reading)
         except grpc.aio.AioRpcError as exc:
             self._reading = None
             code, details = exc.code(), exc.details() or ""
@@ -331,7 +332,8 @@ class Consumer:
         self._requests.put_nowait(None)
         if self._call is not None:
             with contextlib.suppress(asyncio.TimeoutError, grpc.aio.AioRpcError):
-                await asyncio.wait_for(self._ended(), CLOSE_TIMEOUT_S)
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await self._ended()
             self._call.cancel()
         if self._own_channel and self._channel is not None:
             await self._channel.close()

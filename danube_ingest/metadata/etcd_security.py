@@ -183,7 +183,8 @@ class SecureClient(aetcd.Client):  # type: ignore[misc]
         if self._connected.is_set():
             return
         if self._is_connecting:  # another task is connecting: wait for it
-            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
+            async with asyncio.timeout(self._connect_wait_timeout):
+                await self._connected.wait()
             return
         self._is_connecting = True
         try:

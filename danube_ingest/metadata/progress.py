@@ -24,6 +24,7 @@ import contextlib
 import logging
 import time
 
+from danube_ingest.aio import wait_event
 from danube_ingest.metadata.errors import FencedError, MetadataError
 from danube_ingest.metadata.kv import Put
 from danube_ingest.metadata.ownership import Ownership
@@ -160,8 +161,7 @@ class ProgressUpdater:
             due = self._first_at + self._interval - time.monotonic()
             if self._count < self._max_pending and due > 0:
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), due)
+                await wait_event(self._wake, due)
                 continue
             try:
                 await self.flush()

@@ -246,9 +246,8 @@ class BrokerSession:
         sent = time.monotonic()
         try:
             # Never wait past the local deadline: by then the lease may be gone at etcd.
-            await asyncio.wait_for(
-                self.kv.refresh_lease(self._lease_id), max(0.0, self._deadline - sent)
-            )
+            async with asyncio.timeout(max(0.0, self._deadline - sent)):
+                await self.kv.refresh_lease(self._lease_id)
         except LeaseExpiredError:
             self._lose("the lease expired")
             return False

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from danube_ingest.aio import wait_event
 from danube_ingest.config.models import RetentionConfig
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.keys import Keys
@@ -112,8 +113,7 @@ class WalCleaner:
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), self._interval)
+            await wait_event(self._wakeup, self._interval)
             self._wakeup.clear()
             try:
                 await self.clean_once()

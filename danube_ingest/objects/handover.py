@@ -37,6 +37,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
+from danube_ingest.aio import wait_event
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.handover import (
     PENDING,
@@ -201,8 +202,7 @@ class TailHandover:
             except DanubeIngestError as exc:
                 log.warning("takeover records not checked (will retry) error=%s", exc)
             self._wakeup.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), self._interval)
+            await wait_event(self._wakeup, self._interval)
 
 
 __all__ = ["HANDOVER_CHECK_SECONDS", "TailHandover"]

@@ -362,7 +362,8 @@ class SegmentUploader:
                     self._idle[name].clear()
                     await self._idle[name].wait()
 
-        await asyncio.wait_for(wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await wait()
 
     # -- queueing --------------------------------------------------------------------------
 

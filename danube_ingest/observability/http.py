@@ -99,7 +99,8 @@ class ObservabilityServer:
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = b""
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
+            async with asyncio.timeout(REQUEST_TIMEOUT):
+                head = await reader.readuntil(b"\r\n\r\n")
             status, content_type, body = self._answer(head)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
             status, content_type, body = 400, "text/plain", b"bad request\n"
