@@ -35,6 +35,8 @@ import numpy.typing as npt
 from danube_ingest.errors import InvalidEntryError
 from danube_ingest.wal.framing import (
     BATCH_HEADER_SIZE,
+    ENTRY_HEADER_SIZE,
+    ENTRY_LENGTHS,
     Entry,
     decode_messages,
     entry_size,
@@ -58,9 +60,8 @@ ENTRY_DTYPE = np.dtype(
         ("payload_len", "<u4"),
     ]
 )
-#: Bytes of an entry's fixed header (framing's per-entry struct).
-ENTRY_HEADER_SIZE = ENTRY_DTYPE.itemsize  # 55
-assert struct.calcsize("<qqQQQIBHHHI") == ENTRY_HEADER_SIZE
+# ENTRY_HEADER_SIZE (framing's per-entry struct) is this record's size.
+assert ENTRY_DTYPE.itemsize == ENTRY_HEADER_SIZE  # the same layout as framing's entry struct
 
 #: Where fields sit in an entry header.
 _COUNTS_AT = ENTRY_DTYPE.fields["name_len"][1]  # type: ignore[index]
@@ -316,7 +317,7 @@ def entry_sizes(block: bytes | bytearray | memoryview, count: int) -> npt.NDArra
     """Each entry's size, walking the block (for a block that came without its size table)."""
     sizes = np.empty(count, dtype=np.int64)
     pos = 0
-    unpack = struct.Struct("<HHHI").unpack_from
+    unpack = ENTRY_LENGTHS.unpack_from
     for i in range(count):
         name_len, key_len, attr_count, payload_len = unpack(block, pos + _COUNTS_AT)
         end = pos + ENTRY_HEADER_SIZE + name_len + key_len

@@ -105,6 +105,12 @@ PREFIX_SIZE = _PREFIX.size  # 16
 _BATCH = struct.Struct("<IQIqq")
 BATCH_HEADER_SIZE = _BATCH.size  # 32
 _ENTRY = struct.Struct("<qqQQQIBHHHI")
+#: An entry's fixed header, and where its four length fields (name, routing key, attribute
+#: count, payload: ``ENTRY_LENGTHS``) start in it; readers that walk stored entries without
+#: decoding them (``wal.stored``) use these rather than a second copy of the layout.
+ENTRY_HEADER_SIZE = _ENTRY.size  # 55
+ENTRY_LENGTHS_AT = struct.calcsize(_ENTRY.format[: -len("HHHI")])  # 45
+ENTRY_LENGTHS = struct.Struct("<HHHI")
 _ATTR = struct.Struct("<HI")
 _TOPIC = struct.Struct("<IH")
 _TIME = struct.Struct("<IQq")
@@ -143,23 +149,7 @@ class Entry:
     it after appending).
     """
 
-    __slots__ = (
-        "_batch",
-        "_end",
-        "_src",
-        "_start",
-        "attributes",
-        "ingest_ms",
-        "offset",
-        "payload",
-        "producer_id",
-        "producer_name",
-        "publish_ms",
-        "request_id",
-        "routing_key",
-        "schema_id",
-        "schema_version",
-    )
+    __slots__ = ("_batch", "_end", "_src", "_start", *_FIELDS)
 
     def __init__(
         self,

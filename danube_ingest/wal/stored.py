@@ -29,14 +29,22 @@ import numpy as np
 import numpy.typing as npt
 
 from danube_ingest.errors import CorruptFrameError
-from danube_ingest.wal.framing import BATCH_HEADER_SIZE, Entry, batch_header, decode_messages
+from danube_ingest.wal.framing import (
+    BATCH_HEADER_SIZE,
+    ENTRY_HEADER_SIZE,
+    ENTRY_LENGTHS,
+    ENTRY_LENGTHS_AT,
+    Entry,
+    batch_header,
+    decode_messages,
+)
 
-_ENTRY_HEADER = 55
-_NAME_LEN_AT = 45
-_KEY_LEN_AT = 47
-_ATTR_COUNT_AT = 49
-_PAYLOAD_LEN_AT = 51
-_COUNTS = struct.Struct("<HHHI")
+_ENTRY_HEADER = ENTRY_HEADER_SIZE
+_NAME_LEN_AT = ENTRY_LENGTHS_AT
+_KEY_LEN_AT = _NAME_LEN_AT + 2
+_ATTR_COUNT_AT = _KEY_LEN_AT + 2
+_PAYLOAD_LEN_AT = _ATTR_COUNT_AT + 2
+_COUNTS = ENTRY_LENGTHS
 _ATTR = struct.Struct("<HI")
 
 
