@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -144,10 +144,30 @@ def _read(path: Path | None, key: str) -> bytes | None:
         ) from exc
 
 
+class _Watcher(watcher.Watcher):  # type: ignore[misc]
+    """aetcd's watcher, with each watch stream reading only its own request queue.
+
+    When a stream breaks, aetcd ends it by putting ``None`` into its request queue and starts
+    a new queue for the next stream. aetcd's request generator looked the queue up again on
+    every request: if the stream broke while it was writing a request, it went on to wait on
+    the *new* queue, for ever, and grpc's task running it was destroyed pending with the call
+    ("Task was destroyed but it is pending!", seen after a paused broker resumed).
+    """
+
+    async def _iter_request(self) -> AsyncIterator[Any]:
+        queue = self._request_queue
+        while True:
+            request = await queue.get()
+            if request is None:
+                return
+            yield request
+
+
 class SecureClient(aetcd.Client):  # type: ignore[misc]
     """``aetcd.Client`` over a TLS channel (when ``credentials`` are given) that can fetch a
     new auth token (``reauthenticate``). ``connect`` replaces aetcd's, which opens plain
-    channels only; everything else is aetcd's."""
+    channels only, and ``refresh_lease`` replaces aetcd's, which leaves its keepalive call
+    behind; everything else is aetcd's."""
 
     # Set by aetcd.Client.__init__ (untyped there).
     _is_connecting: bool
@@ -201,12 +221,39 @@ class SecureClient(aetcd.Client):  # type: ignore[misc]
             self.clusterstub = rpc.ClusterStub(self.channel)
             self.leasestub = rpc.LeaseStub(self.channel)
             self.maintenancestub = rpc.MaintenanceStub(self.channel)
-            self._watcher = watcher.Watcher(
+            self._watcher = _Watcher(
                 rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
             )
             self._connected.set()
         finally:
             self._is_connecting = False
+
+    async def refresh_lease(self, lease_id: int) -> Any:
+        """One keepalive for ``lease_id``: etcd's reply (``TTL`` 0 for an unknown lease), or
+        ``None`` if the stream ended without one. Raises ``aetcd`` errors.
+
+        aetcd returns from inside the streaming call and leaves the call, with grpc's task
+        writing the request, to the garbage collector; here both are cancelled before
+        returning, so no task outlives the call.
+        """
+        await self.connect()
+        call = self.leasestub.LeaseKeepAlive(
+            iter((rpc.LeaseKeepAliveRequest(ID=lease_id),)),
+            timeout=self._timeout,
+            metadata=self.metadata,
+        )
+        try:
+            async for reply in call:
+                return reply
+            return None
+        except rpc.AioRpcError as exc:
+            aetcd.exceptions._handle_exception(exc)
+        finally:
+            call.cancel()
+            # grpc cancels its request-writing task only if the call was still running.
+            writer = getattr(call, "_async_request_poller", None)
+            if writer is not None and not writer.done():
+                writer.cancel()
 
     async def reauthenticate(self) -> None:
         """Fetch a new auth token (after etcd answered ``invalid auth token``). No-op without a

@@ -79,3 +79,23 @@ async def test_stopped_server_makes_watch_raise_unavailable() -> None:
         await kv.close()
     finally:
         await asyncio.to_thread(etcd.stop)
+
+
+async def test_a_watch_broken_mid_write_lets_its_request_writer_end(etcd_server: str) -> None:
+    """grpc runs a watch stream's request generator in a task of its own. When aetcd ends a
+    broken stream (``_terminate_stream``: ``None`` into the stream's queue, a new queue for the
+    next stream) while that task is writing a request, the generator must end, not go on to
+    wait on the next stream's queue: that task was left pending for ever and destroyed with the
+    call ("Task was destroyed but it is pending!" in a broker resumed after a pause)."""
+    kv = await EtcdKV.connect([etcd_server], timeout=2.0)
+    try:
+        watcher = kv._client._watcher
+        requests = watcher._iter_request()
+        await watcher._request_queue.put("create")
+        assert await anext(requests) == "create"  # grpc is writing it when the stream breaks
+        await watcher._terminate_stream(RuntimeError("the stream broke"))
+        async with asyncio.timeout(2):
+            with pytest.raises(StopAsyncIteration):
+                await anext(requests)
+    finally:
+        await kv.close()
