@@ -13,8 +13,6 @@ import asyncio
 import json
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -40,39 +38,10 @@ from danube_ingest.metadata.records import decode_cursor
 from danube_ingest.metadata.session import BrokerSession
 from danube_ingest.testing import BrokerProcess
 
-from .support import stop_all
+from .conftest import StartProcess
+from .support import LEASE_TTL
 
 TOPIC = "/default/cluster"
-#: The brokers' lease TTL. BrokerProcess's default, 2 s, leaves a refresh (every TTL/3) 1.3 s
-#: to be answered; on a loaded 2-core machine a broker lost its session that way once in ~15
-#: runs (and with it the topic, which is then correctly redelivered, but not what a test
-#: expects). 4 s keeps takeovers quick and tolerates 2.6 s stalls.
-LEASE_TTL = 4
-
-StartBroker = Callable[[str], Any]
-
-
-@pytest.fixture
-async def start_broker(
-    tmp_path: Path, etcd_server: str, etcd_prefix: str
-) -> AsyncIterator[StartBroker]:
-    """``await start_broker("broker-a")``: a broker process with its own data dir and port."""
-    started: list[BrokerProcess] = []
-
-    async def start(broker_id: str) -> BrokerProcess:
-        broker = BrokerProcess(
-            tmp_path / broker_id,
-            etcd_server,
-            broker_id=broker_id,
-            prefix=etcd_prefix,
-            lease_ttl=LEASE_TTL,
-        )
-        started.append(broker)
-        await asyncio.to_thread(broker.start)
-        return broker
-
-    yield start
-    await stop_all(started)
 
 
 def _assert_no_errors(*brokers: BrokerProcess) -> None:
@@ -162,10 +131,10 @@ async def _wait_connect(url: str, timeout: float = LEASE_TTL + 8) -> tuple[Any, 
 
 @pytest.mark.slow
 async def test_lookup_redirects_and_a_crashed_owner_is_taken_over(
-    start_broker: StartBroker, kv: EtcdKV, keys: Keys
+    start_process: StartProcess, kv: EtcdKV, keys: Keys
 ) -> None:
-    a = await start_broker("broker-a")
-    b = await start_broker("broker-b")
+    a = await start_process("broker-a")
+    b = await start_process("broker-b")
 
     # The topic is created through A: A owns it (epoch 1).
     via_a = await _client(a.url)
@@ -239,10 +208,10 @@ async def test_lookup_redirects_and_a_crashed_owner_is_taken_over(
 
 @pytest.mark.slow
 async def test_clean_shutdown_releases_topics_at_once(
-    start_broker: StartBroker, kv: EtcdKV, keys: Keys
+    start_process: StartProcess, kv: EtcdKV, keys: Keys
 ) -> None:
-    a = await start_broker("broker-a")
-    b = await start_broker("broker-b")
+    a = await start_process("broker-a")
+    b = await start_process("broker-b")
     via_a = await _client(a.url)
     producer_a = await _producer(via_a, "p1")
     consumer_a, queue = await _consumer(via_a)
@@ -339,10 +308,10 @@ async def test_progress_close_returns_when_woken_as_it_is_cancelled() -> None:
 
 @pytest.mark.slow
 async def test_paused_owner_is_fenced_and_its_clients_move_over(
-    start_broker: StartBroker, kv: EtcdKV, keys: Keys
+    start_process: StartProcess, kv: EtcdKV, keys: Keys
 ) -> None:
-    a = await start_broker("broker-a")
-    b = await start_broker("broker-b")
+    a = await start_process("broker-a")
+    b = await start_process("broker-b")
     # Clients that know only A; danube-client's default retry options.
     via_a = await _client(a.url)
     producer = await _producer(via_a, "p1")

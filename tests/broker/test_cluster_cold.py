@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from itertools import pairwise
 from pathlib import Path
 
@@ -34,9 +34,9 @@ from danube_ingest.objects.orphans import manifest_integrity
 from danube_ingest.objects.store import ObjectStore
 from danube_ingest.testing import BrokerProcess
 
-from .support import stop_all
+from .conftest import StartProcess
+from .support import LEASE_TTL, wal_cloud_storage
 from .test_cluster import (
-    LEASE_TTL,
     TOPIC,
     _client,
     _consumer,
@@ -61,37 +61,14 @@ StartBroker = Callable[..., Awaitable[BrokerProcess]]
 
 
 @pytest.fixture
-def objects_root(tmp_path: Path) -> Path:
-    return tmp_path / "objects"
-
-
-@pytest.fixture
-async def start_broker(
-    tmp_path: Path, etcd_server: str, etcd_prefix: str, objects_root: Path
-) -> AsyncIterator[StartBroker]:
+def start_broker(start_process: StartProcess, objects_root: Path) -> StartBroker:
     """``await start_broker("broker-a", segment_seconds=1)``: a ``wal_cloud`` broker process
     with its own data dir and port, on the shared object root."""
-    started: list[BrokerProcess] = []
 
     async def start(broker_id: str, segment_seconds: float = 1) -> BrokerProcess:
-        broker = BrokerProcess(
-            tmp_path / broker_id,
-            etcd_server,
-            broker_id=broker_id,
-            prefix=etcd_prefix,
-            lease_ttl=LEASE_TTL,
-            storage={
-                "mode": "wal_cloud",
-                "cloud": {"backend": "fs", "root": str(objects_root)},
-                "wal": {"segment_seconds": segment_seconds, "retention": {"check_seconds": 0.2}},
-            },
-        )
-        started.append(broker)
-        await asyncio.to_thread(broker.start)
-        return broker
+        return await start_process(broker_id, wal_cloud_storage(objects_root, segment_seconds))
 
-    yield start
-    await stop_all(started)
+    return start
 
 
 def _error_lines(broker: BrokerProcess) -> list[str]:
