@@ -38,8 +38,8 @@ from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.testing import BrokerProcess
 
 from .conftest import StartProcess
+from .pair import TOPIC, danube_client, exclusive_consumer, reliable_producer, reserved_end
 from .support import LEASE_TTL, wal_cloud_storage
-from .test_cluster import TOPIC, _client, _consumer, _producer, _reserved
 
 #: Seconds the old owner stays down before it is restarted (the survivor waits meanwhile).
 RESTART_AFTER = 2.0
@@ -82,8 +82,8 @@ async def _publish_to_owner(url: str) -> tuple[set[bytes], int]:
         payloads = [f"batch-{i}".encode() for i in range(300)]
         await asyncio.wait_for(await batch.send_many(payloads), WAIT)
         acked.update(payloads)
-    client = await _client(url)
-    producer = await _producer(client, "p1")
+    client = await danube_client(url)
+    producer = await reliable_producer(client, "p1")
     deadline = time.monotonic() + PUBLISH_SECONDS
     sent = 0
     while time.monotonic() < deadline:
@@ -96,9 +96,9 @@ async def _publish_to_owner(url: str) -> tuple[set[bytes], int]:
 
 async def _subscribe_before(url: str) -> None:
     """Create the topic and its subscription s1 at offset 0 (before anything is published)."""
-    client = await _client(url)
-    await _producer(client, "p1")  # creates the topic
-    consumer, _ = await _consumer(client)
+    client = await danube_client(url)
+    await reliable_producer(client, "p1")  # creates the topic
+    consumer, _ = await exclusive_consumer(client)
     await consumer.close()
 
 
@@ -124,7 +124,7 @@ async def _owner_with_a_tail(start_broker: StartBroker, kv: EtcdKV, keys: Keys) 
     b = await start_broker("broker-b")
     await _subscribe_before(a.url)
     acked, sent = await _publish_to_owner(a.url)
-    return _Pair(a, b, acked, sent, await _reserved(kv, keys))
+    return _Pair(a, b, acked, sent, await reserved_end(kv, keys))
 
 
 async def _wait_record(kv: EtcdKV, keys: Keys, state: str) -> Handover:
@@ -140,8 +140,8 @@ async def _wait_record(kv: EtcdKV, keys: Keys, state: str) -> Handover:
 async def _deliver_all(url: str, expected: set[bytes]) -> list[tuple[int, bytes]]:
     """(offset, payload) of what subscription s1 receives through ``url`` until every
     ``expected`` payload came (acked as received), then whatever follows within a second."""
-    client = await _client(url)
-    consumer, queue = await _consumer(client)
+    client = await danube_client(url)
+    consumer, queue = await exclusive_consumer(client)
     got: list[tuple[int, bytes]] = []
     deadline = time.monotonic() + WAIT
     try:
@@ -303,7 +303,7 @@ async def test_danube_client_rides_through_a_pending_takeover(
     a.kill(signal.SIGKILL)
     # A producer and an Exclusive consumer (subscription s1, nothing acknowledged yet) that
     # know only the survivor's URL, started while the old owner is down.
-    client = await _client(b.url)
+    client = await danube_client(b.url)
     after = [f"after-{i}".encode() for i in range(20)]
     producer_codes: list[grpc.StatusCode] = []
     consumer_codes: list[grpc.StatusCode] = []
@@ -314,7 +314,7 @@ async def test_danube_client_rides_through_a_pending_takeover(
         holder: list[Any] = []
 
         async def create() -> None:
-            holder[:] = [await _producer(client, "p2")]
+            holder[:] = [await reliable_producer(client, "p2")]
 
         await _retrying(create, producer_codes)
         for payload in after:
@@ -325,7 +325,7 @@ async def test_danube_client_rides_through_a_pending_takeover(
         holder: list[Any] = []
 
         async def subscribe() -> None:
-            holder[:] = [await _consumer(client)]
+            holder[:] = [await exclusive_consumer(client)]
 
         await _retrying(subscribe, consumer_codes)
         consumer, queue = holder[0]
