@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from danube_ingest.aio import wait_event
+from danube_ingest.aio import BackgroundLoop, wait_event
 from danube_ingest.config.models import RetentionConfig
 from danube_ingest.objects.cleaner import WalCleaner
 from danube_ingest.store import TopicStore
@@ -71,6 +71,38 @@ async def test_cleaner_stops_when_woken_just_before(tmp_path: Path) -> None:
             assert done, "WalCleaner.stop hung: its loop lost the cancellation"
     finally:
         await store.close()
+
+
+class _Ticker(BackgroundLoop):
+    task_name = "ticker"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs = 0
+        self.ended = 0
+
+    async def _run(self) -> None:
+        self.runs += 1
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.ended += 1
+
+
+async def test_background_loop_runs_one_task_from_start_to_stop() -> None:
+    ticker = _Ticker()
+    await ticker.stop()  # not started: nothing to stop
+    ticker.start()
+    ticker.start()  # already running: still one task
+    await asyncio.sleep(0)
+    assert [t.get_name() for t in asyncio.all_tasks()].count("ticker") == 1
+    await ticker.stop()
+    assert (ticker.runs, ticker.ended) == (1, 1), "stop returned before the task ended"
+    assert "ticker" not in [t.get_name() for t in asyncio.all_tasks()]
+    ticker.start()  # startable again after a stop
+    await asyncio.sleep(0)
+    await ticker.stop()
+    assert (ticker.runs, ticker.ended) == (2, 2)
 
 
 def test_the_daemon_does_not_use_asyncio_wait_for() -> None:

@@ -160,6 +160,15 @@ def _config(args: argparse.Namespace) -> tuple[BrokerConfig, list[str], Keys]:
     return config, endpoints, Keys(getattr(args, "prefix", None) or config.etcd.prefix)
 
 
+async def _connect(config: BrokerConfig, endpoints: list[str]) -> EtcdKV:
+    """An etcd connection to ``endpoints`` with the config's connect timeout, TLS and auth."""
+    return await EtcdKV.connect(
+        endpoints,
+        timeout=config.etcd.connect_timeout_seconds,
+        security=EtcdSecurity.from_config(config.etcd),
+    )
+
+
 def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -170,11 +179,7 @@ def _list(args: argparse.Namespace) -> int:
 
 async def _list_async(args: argparse.Namespace) -> int:
     config, endpoints, keys = _config(args)
-    kv = await EtcdKV.connect(
-        endpoints,
-        timeout=config.etcd.connect_timeout_seconds,
-        security=EtcdSecurity.from_config(config.etcd),
-    )
+    kv = await _connect(config, endpoints)
     try:
         topic = getattr(args, "topic", None)
         topics = [topic] if topic else [r.name for r in await Records(kv, keys).list_topics()]
@@ -272,11 +277,7 @@ async def _convert_async(args: argparse.Namespace) -> int:
         spec = StoreSpec.from_config(config)
         spark = SparkSession.builder.appName("danube-ingest-tables-convert").getOrCreate()
     objects = ObjectStore.from_config(config)
-    kv = await EtcdKV.connect(
-        endpoints,
-        timeout=config.etcd.connect_timeout_seconds,
-        security=EtcdSecurity.from_config(config.etcd),
-    )
+    kv = await _connect(config, endpoints)
     try:
         if args.wait > 0 and not await _wait_complete(
             kv, keys, args.topic, args.width_s, args.wait
@@ -329,11 +330,7 @@ def _rendition(args: argparse.Namespace) -> int:
 
 async def _rendition_async(args: argparse.Namespace) -> int:
     config, endpoints, keys = _config(args)
-    kv = await EtcdKV.connect(
-        endpoints,
-        timeout=config.etcd.connect_timeout_seconds,
-        security=EtcdSecurity.from_config(config.etcd),
-    )
+    kv = await _connect(config, endpoints)
     try:
         name = await new_rendition(kv, keys, args.topic)
     except RenditionError as exc:
@@ -351,11 +348,7 @@ def _activate(args: argparse.Namespace) -> int:
 
 async def _activate_async(args: argparse.Namespace) -> int:
     config, endpoints, keys = _config(args)
-    kv = await EtcdKV.connect(
-        endpoints,
-        timeout=config.etcd.connect_timeout_seconds,
-        security=EtcdSecurity.from_config(config.etcd),
-    )
+    kv = await _connect(config, endpoints)
     try:
         table = await activate(kv, keys, args.topic, args.rendition)
     except RenditionError as exc:
@@ -374,11 +367,7 @@ def _collect(args: argparse.Namespace) -> int:
 async def _collect_async(args: argparse.Namespace) -> int:
     config, endpoints, keys = _config(args)
     objects = ObjectStore.from_config(config)
-    kv = await EtcdKV.connect(
-        endpoints,
-        timeout=config.etcd.connect_timeout_seconds,
-        security=EtcdSecurity.from_config(config.etcd),
-    )
+    kv = await _connect(config, endpoints)
     try:
         result = await collect(
             kv,

@@ -29,13 +29,12 @@ retention maximums, oldest first, as in Kafka; a subscription that far behind th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from danube_ingest.aio import wait_event
+from danube_ingest.aio import BackgroundLoop, wait_event
 from danube_ingest.config.models import RetentionConfig
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.keys import Keys
@@ -65,8 +64,10 @@ class CleanerStats:
     """Why the oldest segment was kept in the last pass (for status)."""
 
 
-class WalCleaner:
+class WalCleaner(BackgroundLoop):
     """Deletes WAL segments that are safe to delete. Use from the store's event loop."""
+
+    task_name = "wal-cleaner"
 
     def __init__(
         self,
@@ -81,6 +82,7 @@ class WalCleaner:
         interval: float = CLEAN_INTERVAL,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        super().__init__()
         self._store = store
         self._broker_id = broker_id
         self._retention = retention
@@ -92,20 +94,8 @@ class WalCleaner:
         self._interval = interval
         self._clock = clock
         self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self.stats = CleanerStats()
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="wal-cleaner")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     def wake(self, *_: object) -> None:
         """Run a pass soon (e.g. after an upload)."""

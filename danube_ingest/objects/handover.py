@@ -33,11 +33,10 @@ It looks at start (a restart), when this broker loses a topic, and every ``inter
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
-from danube_ingest.aio import wait_event
+from danube_ingest.aio import BackgroundLoop, wait_event
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.handover import (
     PENDING,
@@ -63,9 +62,11 @@ log = logging.getLogger(__name__)
 HANDOVER_CHECK_SECONDS = 1.0
 
 
-class TailHandover:
+class TailHandover(BackgroundLoop):
     """Recovers this broker's orphaned tails for their topics' new owners (see the module
     docstring). Use from the store's event loop."""
+
+    task_name = "tail-handover"
 
     def __init__(
         self,
@@ -79,6 +80,7 @@ class TailHandover:
     ) -> None:
         """``wal_id``: the identity of this broker's WAL directory (``datadir.data_dir_id``);
         None: unknown, every record is treated as this WAL's."""
+        super().__init__()
         self._store = store
         self._uploader = uploader
         self._manifest = manifest
@@ -87,22 +89,10 @@ class TailHandover:
         self._interval = interval
         self._wal_id = wal_id
         self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         #: topic -> the next offset its WAL tail was sealed at (sealed once per tail)
         self._sealed: dict[str, int] = {}
         uploader.set_orphan_committer(self.commit_orphans)
         ownership.on_lost(lambda _topic: self._wakeup.set())
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="tail-handover")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     async def commit_orphans(self, ranges: Sequence[ObjectRange]) -> set[str]:
         """Commit ranges of topics owned elsewhere under their pending takeover records;

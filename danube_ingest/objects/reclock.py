@@ -27,10 +27,10 @@ segment takes to seal and upload (``wal.segment_seconds``), plus one more ``inte
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterable
 
+from danube_ingest.aio import BackgroundLoop
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.clock import ClockMark, ClockWriter
 from danube_ingest.metadata.errors import MetadataError
@@ -45,8 +45,10 @@ log = logging.getLogger(__name__)
 MAX_MARKS = 64
 
 
-class ClockKeeper:
+class ClockKeeper(BackgroundLoop):
     """Advances the clocks of served reliable topics (see the module docstring)."""
+
+    task_name = "clock-keeper"
 
     def __init__(
         self,
@@ -56,6 +58,7 @@ class ClockKeeper:
         *,
         interval: float,
     ) -> None:
+        super().__init__()
         self._store = store
         self._ownership = ownership
         self._topics = topics
@@ -63,22 +66,10 @@ class ClockKeeper:
         self._writer = ClockWriter(ownership)
         #: topic -> (epoch, marks not yet covered, oldest first)
         self._marks: dict[str, tuple[int, list[ClockMark]]] = {}
-        self._task: asyncio.Task[None] | None = None
         self.passes = 0
         """Passes completed (for tests and ``status``)."""
         self.writes = 0
         """Clock keys written since the start."""
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="clock-keeper")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     async def _run(self) -> None:
         while True:

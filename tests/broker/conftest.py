@@ -1,11 +1,13 @@
 """Fixtures for broker tests: a real broker (in this process) on a real etcd, and the real
-danube-client talking to it over loopback gRPC."""
+danube-client talking to it over loopback gRPC; brokers as child processes on one etcd (for
+takeovers between them) with a shared object root."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +16,12 @@ from danube import DanubeClient, DanubeClientBuilder
 
 from danube_ingest.broker.server import Broker
 from danube_ingest.metadata import EtcdKV, Keys
-from danube_ingest.testing import broker_config, running_broker
+from danube_ingest.testing import BrokerProcess, broker_config, running_broker
+
+from .support import LEASE_TTL, stop_all
 
 BrokerFactory = Callable[..., Any]
+StartProcess = Callable[..., Awaitable[BrokerProcess]]
 
 
 @pytest.fixture(autouse=True)
@@ -74,6 +79,39 @@ async def make_broker(
     yield make
     for manager in reversed(started):
         await manager.__aexit__(None, None, None)
+
+
+@pytest.fixture
+def objects_root(tmp_path: Path) -> Path:
+    """The fs object root the test's ``wal_cloud`` brokers share."""
+    return tmp_path / "objects"
+
+
+@pytest.fixture
+async def start_process(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str
+) -> AsyncIterator[StartProcess]:
+    """``await start_process("broker-a", storage=...)``: a started broker child process
+    (``BrokerProcess``) with its own data dir and port, on the test's etcd prefix, lease TTL
+    ``LEASE_TTL`` (``storage``: its storage settings; default ``local_only``). Every one is
+    stopped after the test, also one that failed to start."""
+    started: list[BrokerProcess] = []
+
+    async def start(broker_id: str, storage: dict[str, Any] | None = None) -> BrokerProcess:
+        broker = BrokerProcess(
+            tmp_path / broker_id,
+            etcd_server,
+            broker_id=broker_id,
+            prefix=etcd_prefix,
+            lease_ttl=LEASE_TTL,
+            storage=storage,
+        )
+        started.append(broker)
+        await asyncio.to_thread(broker.start)
+        return broker
+
+    yield start
+    await stop_all(started)
 
 
 @pytest.fixture

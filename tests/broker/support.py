@@ -13,6 +13,7 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
@@ -34,6 +35,22 @@ from danube_ingest.testing import BrokerProcess
 
 #: Seconds to wait for a message that is expected (generous: CI machines stall).
 RECEIVE_TIMEOUT = 10.0
+#: The lease TTL of broker processes started in pairs (the ``start_process`` fixture).
+#: BrokerProcess's default, 2 s, leaves a refresh (every TTL/3) 1.3 s to be answered; on a
+#: loaded 2-core machine a broker lost its session that way once in ~15 runs (and with it the
+#: topic, which is then correctly redelivered, but not what a test expects). 4 s keeps
+#: takeovers quick and tolerates 2.6 s stalls.
+LEASE_TTL = 4
+
+
+def wal_cloud_storage(root: Path, segment_seconds: float) -> dict[str, Any]:
+    """``storage`` settings of a ``wal_cloud`` broker on the fs object store at ``root``,
+    sealing segments every ``segment_seconds`` and looking for WAL to clean every 0.2 s."""
+    return {
+        "mode": "wal_cloud",
+        "cloud": {"backend": "fs", "root": str(root)},
+        "wal": {"segment_seconds": segment_seconds, "retention": {"check_seconds": 0.2}},
+    }
 
 
 @dataclass

@@ -10,23 +10,11 @@ settles (acks, cursor in etcd) what the old owner holds before taking the topic 
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
-from danube import (
-    Consumer,
-    DanubeClient,
-    DanubeClientBuilder,
-    DispatchStrategy,
-    Producer,
-    SubType,
-)
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
@@ -36,43 +24,24 @@ from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import MemoryKV
 from danube_ingest.metadata.ownership import Ownership
 from danube_ingest.metadata.progress import ProgressUpdater
-from danube_ingest.metadata.records import decode_cursor
 from danube_ingest.metadata.session import BrokerSession
 from danube_ingest.testing import BrokerProcess
 
-from .support import stop_all
-
-TOPIC = "/default/cluster"
-#: The brokers' lease TTL. BrokerProcess's default, 2 s, leaves a refresh (every TTL/3) 1.3 s
-#: to be answered; on a loaded 2-core machine a broker lost its session that way once in ~15
-#: runs (and with it the topic, which is then correctly redelivered, but not what a test
-#: expects). 4 s keeps takeovers quick and tolerates 2.6 s stalls.
-LEASE_TTL = 4
-
-StartBroker = Callable[[str], Any]
-
-
-@pytest.fixture
-async def start_broker(
-    tmp_path: Path, etcd_server: str, etcd_prefix: str
-) -> AsyncIterator[StartBroker]:
-    """``await start_broker("broker-a")``: a broker process with its own data dir and port."""
-    started: list[BrokerProcess] = []
-
-    async def start(broker_id: str) -> BrokerProcess:
-        broker = BrokerProcess(
-            tmp_path / broker_id,
-            etcd_server,
-            broker_id=broker_id,
-            prefix=etcd_prefix,
-            lease_ttl=LEASE_TTL,
-        )
-        started.append(broker)
-        await asyncio.to_thread(broker.start)
-        return broker
-
-    yield start
-    await stop_all(started)
+from .conftest import StartProcess
+from .pair import (
+    TOPIC,
+    cursor_of,
+    danube_client,
+    exclusive_consumer,
+    lookup,
+    next_messages,
+    owner_of,
+    reliable_producer,
+    reserved_end,
+    wait_connect,
+    wait_cursor,
+)
+from .support import LEASE_TTL
 
 
 def _assert_no_errors(*brokers: BrokerProcess) -> None:
@@ -81,121 +50,42 @@ def _assert_no_errors(*brokers: BrokerProcess) -> None:
         assert " ERROR " not in text and "Traceback" not in text, text[-3000:]
 
 
-async def _lookup(url: str, topic: str = TOPIC) -> Any:
-    async with grpc.aio.insecure_channel(url.removeprefix("http://")) as channel:
-        return await pb_grpc.DiscoveryStub(channel).TopicLookup(
-            pb.TopicLookupRequest(request_id=7, topic=topic), timeout=5
-        )
-
-
-async def _owner(kv: EtcdKV, keys: Keys, topic: str = TOPIC) -> dict[str, Any] | None:
-    stored = await kv.get(keys.topic_owner(topic))
-    return None if stored is None else dict(json.loads(stored.value))
-
-
-async def _reserved(kv: EtcdKV, keys: Keys, topic: str = TOPIC) -> int:
-    stored = await kv.get(keys.topic_offsets(topic))
-    assert stored is not None
-    return int(json.loads(stored.value)["reserved"])
-
-
-async def _cursor(kv: EtcdKV, keys: Keys, subscription: str, topic: str = TOPIC) -> int | None:
-    stored = await kv.get(keys.subscription_cursor(topic, subscription))
-    return None if stored is None else decode_cursor(stored.value)
-
-
-async def _wait_cursor(kv: EtcdKV, keys: Keys, subscription: str, expected: int) -> None:
-    deadline = time.monotonic() + 10
-    while await _cursor(kv, keys, subscription) != expected:
-        assert time.monotonic() < deadline, f"cursor of {subscription} never reached {expected}"
-        await asyncio.sleep(0.1)
-
-
-async def _client(url: str) -> DanubeClient:
-    return await DanubeClientBuilder().service_url(url).build()
-
-
-async def _producer(client: DanubeClient, name: str) -> Producer:
-    producer = (
-        client.new_producer()
-        .with_topic(TOPIC)
-        .with_name(name)
-        .with_dispatch_strategy(DispatchStrategy.RELIABLE)
-        .build()
-    )
-    await producer.create()
-    return producer
-
-
-async def _consumer(
-    client: DanubeClient, name: str = "c1", subscription: str = "s1"
-) -> tuple[Consumer, asyncio.Queue[pb.StreamMessage]]:
-    consumer = (
-        client.new_consumer()
-        .with_topic(TOPIC)
-        .with_consumer_name(name)
-        .with_subscription(subscription)
-        .with_subscription_type(SubType.EXCLUSIVE)
-        .build()
-    )
-    await consumer.subscribe()
-    return consumer, await consumer.receive()
-
-
-async def _take(queue: asyncio.Queue[pb.StreamMessage], count: int) -> list[pb.StreamMessage]:
-    return [await asyncio.wait_for(queue.get(), 20) for _ in range(count)]
-
-
-async def _wait_connect(url: str, timeout: float = LEASE_TTL + 8) -> tuple[Any, float, list[int]]:
-    """Look the topic up on ``url`` until it answers Connect: (response, seconds, the answer
-    types seen before)."""
-    started = time.monotonic()
-    seen: list[int] = []
-    while True:
-        response = await _lookup(url)
-        if response.response_type == pb.TopicLookupResponse.Connect:
-            return response, time.monotonic() - started, seen
-        seen.append(response.response_type)
-        assert time.monotonic() - started < timeout, f"{url} never took the topic over"
-        await asyncio.sleep(0.1)
-
-
 @pytest.mark.slow
 async def test_lookup_redirects_and_a_crashed_owner_is_taken_over(
-    start_broker: StartBroker, kv: EtcdKV, keys: Keys
+    start_process: StartProcess, kv: EtcdKV, keys: Keys
 ) -> None:
-    a = await start_broker("broker-a")
-    b = await start_broker("broker-b")
+    a = await start_process("broker-a")
+    b = await start_process("broker-b")
 
     # The topic is created through A: A owns it (epoch 1).
-    via_a = await _client(a.url)
-    producer_a = await _producer(via_a, "p1")
-    assert await _owner(kv, keys) == {"broker": "broker-a", "url": a.url, "epoch": 1}
-    on_a = await _lookup(a.url)
+    via_a = await danube_client(a.url)
+    producer_a = await reliable_producer(via_a, "p1")
+    assert await owner_of(kv, keys) == {"broker": "broker-a", "url": a.url, "epoch": 1}
+    on_a = await lookup(a.url)
     assert on_a.response_type == pb.TopicLookupResponse.Connect
     assert (on_a.connect_url, on_a.broker_url) == (a.url, a.url)
-    on_b = await _lookup(b.url)
+    on_b = await lookup(b.url)
     assert on_b.response_type == pb.TopicLookupResponse.Redirect
     assert (on_b.connect_url, on_b.broker_url) == (a.url, a.url)
     assert on_b.request_id == 7
 
     # A client that only knows B's URL is redirected to A for producing and consuming.
-    via_b = await _client(b.url)
-    consumer_b, queue = await _consumer(via_b)
-    producer_b = await _producer(via_b, "p2")
+    via_b = await danube_client(b.url)
+    consumer_b, queue = await exclusive_consumer(via_b)
+    producer_b = await reliable_producer(via_b, "p2")
     for i in range(4):
         await producer_a.send(f"a{i}".encode())
         await producer_b.send(f"b{i}".encode())
-    before = await _take(queue, 8)
+    before = await next_messages(queue, 8)
     assert [m.payload for m in before] == [f"{p}{i}".encode() for i in range(4) for p in "ab"]
     assert {m.msg_id.broker_addr for m in before} == {a.url}  # served by A
     offsets_a = [m.msg_id.topic_offset for m in before]
     assert offsets_a == sorted(set(offsets_a))
     for message in before:
         await consumer_b.ack(message)
-    await _wait_cursor(kv, keys, "s1", offsets_a[-1] + 1)
-    assert await _owner(kv, keys) == {"broker": "broker-a", "url": a.url, "epoch": 1}
-    reserved_a = await _reserved(kv, keys)
+    await wait_cursor(kv, keys, "s1", offsets_a[-1] + 1)
+    assert await owner_of(kv, keys) == {"broker": "broker-a", "url": a.url, "epoch": 1}
+    reserved_a = await reserved_end(kv, keys)
     assert reserved_a > offsets_a[-1]
 
     # Crash A. Its clients are bound to A's URL (danube-client looks up again only there),
@@ -205,18 +95,18 @@ async def test_lookup_redirects_and_a_crashed_owner_is_taken_over(
         await old.close()
     await consumer_b.close()
     # Until A's lease expires B still redirects to A; then a lookup makes B the owner.
-    response, took, seen = await _wait_connect(b.url)
+    response, took, seen = await wait_connect(b.url)
     assert seen and set(seen) == {pb.TopicLookupResponse.Redirect}
     assert took < LEASE_TTL + 3
     assert (response.connect_url, response.broker_url) == (b.url, b.url)
-    assert await _owner(kv, keys) == {"broker": "broker-b", "url": b.url, "epoch": 2}
+    assert await owner_of(kv, keys) == {"broker": "broker-b", "url": b.url, "epoch": 2}
 
-    fresh = await _client(b.url)
-    consumer, queue = await _consumer(fresh)
-    producer = await _producer(fresh, "p1")
+    fresh = await danube_client(b.url)
+    consumer, queue = await exclusive_consumer(fresh)
+    producer = await reliable_producer(fresh, "p1")
     for i in range(5):
         await producer.send(f"n{i}".encode())
-    after = await _take(queue, 5)
+    after = await next_messages(queue, 5)
     assert [m.payload for m in after] == [f"n{i}".encode() for i in range(5)]
     assert {m.msg_id.broker_addr for m in after} == {b.url}
     # B serves the producer id A issued to "p1" (ids are persisted in etcd).
@@ -230,7 +120,7 @@ async def test_lookup_redirects_and_a_crashed_owner_is_taken_over(
     assert jumps == [(0, reserved_a, "broker-b", 2)]
     for message in after:
         await consumer.ack(message)
-    await _wait_cursor(kv, keys, "s1", offsets_b[-1] + 1)
+    await wait_cursor(kv, keys, "s1", offsets_b[-1] + 1)
     await producer.close()
     await consumer.close()
     _assert_no_errors(a, b)
@@ -239,20 +129,20 @@ async def test_lookup_redirects_and_a_crashed_owner_is_taken_over(
 
 @pytest.mark.slow
 async def test_clean_shutdown_releases_topics_at_once(
-    start_broker: StartBroker, kv: EtcdKV, keys: Keys
+    start_process: StartProcess, kv: EtcdKV, keys: Keys
 ) -> None:
-    a = await start_broker("broker-a")
-    b = await start_broker("broker-b")
-    via_a = await _client(a.url)
-    producer_a = await _producer(via_a, "p1")
-    consumer_a, queue = await _consumer(via_a)
+    a = await start_process("broker-a")
+    b = await start_process("broker-b")
+    via_a = await danube_client(a.url)
+    producer_a = await reliable_producer(via_a, "p1")
+    consumer_a, queue = await exclusive_consumer(via_a)
     for i in range(5):
         await producer_a.send(f"a{i}".encode())
-    before = await _take(queue, 5)
+    before = await next_messages(queue, 5)
     offsets_a = [m.msg_id.topic_offset for m in before]
     for message in before:
         await consumer_a.ack(message)
-    reserved_a = await _reserved(kv, keys)
+    reserved_a = await reserved_end(kv, keys)
 
     # SIGTERM right after the acks (the cursor is written debounced, ~1 s): shutdown flushes
     # the cursor and releases the topic, with the clients still connected.
@@ -261,21 +151,21 @@ async def test_clean_shutdown_releases_topics_at_once(
     stop_took = time.monotonic() - stopping
     assert a.process is not None and a.process.returncode == 0, a.log_text()[-3000:]
     assert stop_took < 10, "shutdown took longer than its 5 s grace period"
-    assert await _owner(kv, keys) is None
-    assert await _cursor(kv, keys, "s1") == offsets_a[-1] + 1
+    assert await owner_of(kv, keys) is None
+    assert await cursor_of(kv, keys, "s1") == offsets_a[-1] + 1
     await producer_a.close()
     await consumer_a.close()
 
     # B takes the topic on the first lookup: no lease to wait for.
-    response = await _lookup(b.url)
+    response = await lookup(b.url)
     assert response.response_type == pb.TopicLookupResponse.Connect
-    assert await _owner(kv, keys) == {"broker": "broker-b", "url": b.url, "epoch": 2}
-    via_b = await _client(b.url)
-    consumer, queue = await _consumer(via_b)
-    producer = await _producer(via_b, "p1")
+    assert await owner_of(kv, keys) == {"broker": "broker-b", "url": b.url, "epoch": 2}
+    via_b = await danube_client(b.url)
+    consumer, queue = await exclusive_consumer(via_b)
+    producer = await reliable_producer(via_b, "p1")
     for i in range(3):
         await producer.send(f"b{i}".encode())
-    after = await _take(queue, 3)
+    after = await next_messages(queue, 3)
     assert [m.payload for m in after] == [b"b0", b"b1", b"b2"]  # nothing acked comes again
     assert after[0].msg_id.topic_offset >= reserved_a > max(offsets_a)
     await producer.close()
@@ -339,33 +229,33 @@ async def test_progress_close_returns_when_woken_as_it_is_cancelled() -> None:
 
 @pytest.mark.slow
 async def test_paused_owner_is_fenced_and_its_clients_move_over(
-    start_broker: StartBroker, kv: EtcdKV, keys: Keys
+    start_process: StartProcess, kv: EtcdKV, keys: Keys
 ) -> None:
-    a = await start_broker("broker-a")
-    b = await start_broker("broker-b")
+    a = await start_process("broker-a")
+    b = await start_process("broker-b")
     # Clients that know only A; danube-client's default retry options.
-    via_a = await _client(a.url)
-    producer = await _producer(via_a, "p1")
-    consumer, queue = await _consumer(via_a)
+    via_a = await danube_client(a.url)
+    producer = await reliable_producer(via_a, "p1")
+    consumer, queue = await exclusive_consumer(via_a)
     for i in range(3):
         await producer.send(f"a{i}".encode())
-    before = await _take(queue, 3)
+    before = await next_messages(queue, 3)
     offsets_a = [m.msg_id.topic_offset for m in before]
     for message in before[:2]:
         await consumer.ack(message)
-    await _wait_cursor(kv, keys, "s1", offsets_a[2])
-    reserved_a = await _reserved(kv, keys)
+    await wait_cursor(kv, keys, "s1", offsets_a[2])
+    reserved_a = await reserved_end(kv, keys)
     producer_id = before[0].msg_id.producer_id
 
     # Pause A with one more ack pending in its progress updater (written after ~1 s).
     await consumer.ack(before[2])
     a.kill(signal.SIGSTOP)
     try:
-        response, took, _ = await _wait_connect(b.url)
+        response, took, _ = await wait_connect(b.url)
         assert took >= 0.5  # B had to wait for A's lease
         assert response.connect_url == b.url
         owner_b = {"broker": "broker-b", "url": b.url, "epoch": 2}
-        assert await _owner(kv, keys) == owner_b
+        assert await owner_of(kv, keys) == owner_b
         owner_key = await kv.get(keys.topic_owner(TOPIC))
         assert owner_key is not None
         taken_over = owner_key.mod_revision
@@ -384,7 +274,7 @@ async def test_paused_owner_is_fenced_and_its_clients_move_over(
                 timeout=20,
             )
         )
-        stale_lookup = asyncio.create_task(_lookup(a.url))
+        stale_lookup = asyncio.create_task(lookup(a.url))
         await asyncio.sleep(0.3)
     finally:
         a.kill(signal.SIGCONT)
@@ -398,9 +288,9 @@ async def test_paused_owner_is_fenced_and_its_clients_move_over(
     assert (lookup_a.connect_url, lookup_a.broker_url) == (b.url, b.url)
     await channel.close()
     await asyncio.sleep(1.5)  # A's pending cursor write had its chance
-    assert await _owner(kv, keys) == owner_b
+    assert await owner_of(kv, keys) == owner_b
     # A's fenced cursor write did not land (nothing to redeliver on B in local_only mode).
-    assert await _cursor(kv, keys, "s1") == offsets_a[2]
+    assert await cursor_of(kv, keys, "s1") == offsets_a[2]
     # Since the takeover, A wrote nothing to etcd but its own new registration (B recorded
     # the offsets it jumped over when it loaded the topic: below A's reservation).
     written = await kv.get_prefix(keys.prefix + "/")
@@ -419,7 +309,7 @@ async def test_paused_owner_is_fenced_and_its_clients_move_over(
     moved = time.monotonic()
     for i in range(3):
         await asyncio.wait_for(producer.send(f"b{i}".encode()), 30)
-    after = await _take(queue, 3)
+    after = await next_messages(queue, 3)
     consumer_took = time.monotonic() - moved
     assert [m.payload for m in after] == [b"b0", b"b1", b"b2"]
     assert {m.msg_id.broker_addr for m in after} == {b.url}
@@ -428,8 +318,8 @@ async def test_paused_owner_is_fenced_and_its_clients_move_over(
     assert offsets_b[0] >= reserved_a > max(offsets_a)
     for message in after:
         await consumer.ack(message)
-    await _wait_cursor(kv, keys, "s1", offsets_b[-1] + 1)
-    assert await _owner(kv, keys) == owner_b
+    await wait_cursor(kv, keys, "s1", offsets_b[-1] + 1)
+    assert await owner_of(kv, keys) == owner_b
     await producer.close()
     await consumer.close()
     _assert_no_errors(a, b)

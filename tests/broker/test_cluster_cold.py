@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from itertools import pairwise
 from pathlib import Path
 
@@ -34,20 +34,20 @@ from danube_ingest.objects.orphans import manifest_integrity
 from danube_ingest.objects.store import ObjectStore
 from danube_ingest.testing import BrokerProcess
 
-from .support import stop_all
-from .test_cluster import (
-    LEASE_TTL,
+from .conftest import StartProcess
+from .pair import (
     TOPIC,
-    _client,
-    _consumer,
-    _lookup,
-    _owner,
-    _producer,
-    _reserved,
-    _take,
-    _wait_connect,
-    _wait_cursor,
+    danube_client,
+    exclusive_consumer,
+    lookup,
+    next_messages,
+    owner_of,
+    reliable_producer,
+    reserved_end,
+    wait_connect,
+    wait_cursor,
 )
+from .support import LEASE_TTL, wal_cloud_storage
 
 #: How long a test waits for a segment to be sealed, uploaded and committed. Segments seal
 #: after ``segment_seconds`` (1 s, or 5 s for the paused owner) plus an age check; the rest is
@@ -61,37 +61,14 @@ StartBroker = Callable[..., Awaitable[BrokerProcess]]
 
 
 @pytest.fixture
-def objects_root(tmp_path: Path) -> Path:
-    return tmp_path / "objects"
-
-
-@pytest.fixture
-async def start_broker(
-    tmp_path: Path, etcd_server: str, etcd_prefix: str, objects_root: Path
-) -> AsyncIterator[StartBroker]:
+def start_broker(start_process: StartProcess, objects_root: Path) -> StartBroker:
     """``await start_broker("broker-a", segment_seconds=1)``: a ``wal_cloud`` broker process
     with its own data dir and port, on the shared object root."""
-    started: list[BrokerProcess] = []
 
     async def start(broker_id: str, segment_seconds: float = 1) -> BrokerProcess:
-        broker = BrokerProcess(
-            tmp_path / broker_id,
-            etcd_server,
-            broker_id=broker_id,
-            prefix=etcd_prefix,
-            lease_ttl=LEASE_TTL,
-            storage={
-                "mode": "wal_cloud",
-                "cloud": {"backend": "fs", "root": str(objects_root)},
-                "wal": {"segment_seconds": segment_seconds, "retention": {"check_seconds": 0.2}},
-            },
-        )
-        started.append(broker)
-        await asyncio.to_thread(broker.start)
-        return broker
+        return await start_process(broker_id, wal_cloud_storage(objects_root, segment_seconds))
 
-    yield start
-    await stop_all(started)
+    return start
 
 
 def _error_lines(broker: BrokerProcess) -> list[str]:
@@ -128,13 +105,13 @@ async def _wait_takeover(kv: EtcdKV, keys: Keys, url: str) -> Handover:
     deadline = time.monotonic() + LEASE_TTL + UPLOAD_TIMEOUT
     while True:
         try:
-            await _lookup(url)
+            await lookup(url)
         except grpc.aio.AioRpcError as exc:
             assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
         found = await read_handover(kv, keys, TOPIC)
         if found is not None and found[0].state == PENDING:
             with pytest.raises(grpc.aio.AioRpcError, match="waits for broker") as refused:
-                await _lookup(url)
+                await lookup(url)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
             return found[0]
         assert time.monotonic() < deadline, "the survivor never took the topic over"
@@ -147,7 +124,7 @@ async def _wait_served(url: str) -> float:
     started = time.monotonic()
     while True:
         try:
-            response = await _lookup(url)
+            response = await lookup(url)
         except grpc.aio.AioRpcError as exc:
             assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
         else:
@@ -200,22 +177,22 @@ async def test_takeover_continues_a_subscription_from_the_old_owners_objects(
     manifest = Manifest(kv, keys)
 
     # On A: ten messages published, all received, only the first four acked.
-    via_a = await _client(a.url)
-    producer_a = await _producer(via_a, "p1")  # creates the topic
-    consumer_a, queue_a = await _consumer(via_a)
+    via_a = await danube_client(a.url)
+    producer_a = await reliable_producer(via_a, "p1")  # creates the topic
+    consumer_a, queue_a = await exclusive_consumer(via_a)
     sent = [f"a{i}".encode() for i in range(10)]
     for payload in sent:
         await producer_a.send(payload)
-    before = await _take(queue_a, len(sent))
+    before = await next_messages(queue_a, len(sent))
     assert [m.payload for m in before] == sent
     offsets_a = [m.msg_id.topic_offset for m in before]
     assert offsets_a == sorted(set(offsets_a))
     for message in before[:4]:
         await consumer_a.ack(message)
-    await _wait_cursor(kv, keys, "s1", offsets_a[4])
-    owner_a = await _owner(kv, keys)
+    await wait_cursor(kv, keys, "s1", offsets_a[4])
+    owner_a = await owner_of(kv, keys)
     assert owner_a == {"broker": "broker-a", "url": a.url, "epoch": 1}
-    reserved_a = await _reserved(kv, keys)
+    reserved_a = await reserved_end(kv, keys)
     assert reserved_a > offsets_a[-1]
     # Sealed within a second, uploaded and committed: then A may crash without losing them.
     await _wait_manifest(manifest, lambda r: _covers(r, offsets_a), "covered A's offsets")
@@ -231,32 +208,32 @@ async def test_takeover_continues_a_subscription_from_the_old_owners_objects(
         reserved_a,
     )
     await _forget(kv, keys, "broker-a")
-    response, took, _ = await _wait_connect(b.url)
+    response, took, _ = await wait_connect(b.url)
     assert (response.connect_url, response.broker_url) == (b.url, b.url)
-    assert await _owner(kv, keys) == {"broker": "broker-b", "url": b.url, "epoch": 2}
+    assert await owner_of(kv, keys) == {"broker": "broker-b", "url": b.url, "epoch": 2}
 
     # The subscription goes on on B from its cursor: the six unacked messages, which only A's
     # objects hold (B has its own WAL), in order, at the offsets A gave them.
-    via_b = await _client(b.url)
-    consumer, queue = await _consumer(via_b)
-    redelivered = await _take(queue, 6)
+    via_b = await danube_client(b.url)
+    consumer, queue = await exclusive_consumer(via_b)
+    redelivered = await next_messages(queue, 6)
     assert [m.payload for m in redelivered] == sent[4:]
     assert [m.msg_id.topic_offset for m in redelivered] == offsets_a[4:]
     assert {m.msg_id.broker_addr for m in redelivered} == {b.url}
 
     # New publishes on B continue beyond A's reserved block, behind the redelivered ones.
-    producer = await _producer(via_b, "p1")
+    producer = await reliable_producer(via_b, "p1")
     fresh = [f"b{i}".encode() for i in range(5)]
     for payload in fresh:
         await producer.send(payload)
-    after = await _take(queue, len(fresh))
+    after = await next_messages(queue, len(fresh))
     assert [m.payload for m in after] == fresh
     offsets_b = [m.msg_id.topic_offset for m in after]
     assert offsets_b == sorted(set(offsets_b))
     assert offsets_b[0] >= reserved_a > offsets_a[-1]
     for message in [*redelivered, *after]:
         await consumer.ack(message)
-    await _wait_cursor(kv, keys, "s1", offsets_b[-1] + 1)
+    await wait_cursor(kv, keys, "s1", offsets_b[-1] + 1)
     assert queue.empty(), "a message was delivered twice"
 
     # One history in the manifest: A's ranges (epoch 1) then B's (epoch 2).
@@ -296,9 +273,9 @@ async def test_paused_owner_hands_its_tail_over_when_it_wakes(
     b = await start_broker("broker-b")
     manifest = Manifest(kv, keys)
 
-    via_a = await _client(a.url)
-    producer_a = await _producer(via_a, "p1")
-    owner_a = await _owner(kv, keys)
+    via_a = await danube_client(a.url)
+    producer_a = await reliable_producer(via_a, "p1")
+    owner_a = await owner_of(kv, keys)
     assert owner_a == {"broker": "broker-a", "url": a.url, "epoch": 1}
     for i in range(3):
         await producer_a.send(f"a{i}".encode())
@@ -311,12 +288,12 @@ async def test_paused_owner_hands_its_tail_over_when_it_wakes(
     a.kill(signal.SIGSTOP)
     try:
         assert await manifest.ranges(TOPIC) == committed_a, "A uploaded before its pause"
-        reserved_a = await _reserved(kv, keys)
+        reserved_a = await reserved_end(kv, keys)
         # B takes the topic once A's lease ran out, but serves nothing while A holds
         # acknowledged entries it did not upload (UNAVAILABLE to every client).
         record = await _wait_takeover(kv, keys, b.url)
         owner_b = {"broker": "broker-b", "url": b.url, "epoch": 2}  # A's + 1
-        assert await _owner(kv, keys) == owner_b
+        assert await owner_of(kv, keys) == owner_b
         assert (record.previous, record.owner, record.epoch) == ("broker-a", "broker-b", 2)
         assert (record.committed, record.reserved) == (3, reserved_a)
         assert await manifest.ranges(TOPIC) == committed_a
@@ -328,8 +305,8 @@ async def test_paused_owner_hands_its_tail_over_when_it_wakes(
     took = await _wait_served(b.url)
     found = await read_handover(kv, keys, TOPIC)
     assert found is not None and (found[0].state, found[0].end) == (RECOVERED, 6)
-    via_b = await _client(b.url)
-    producer = await _producer(via_b, "p1")
+    via_b = await danube_client(b.url)
+    producer = await reliable_producer(via_b, "p1")
     for i in range(3):
         await producer.send(f"b{i}".encode())
     ranges = await _wait_manifest(

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +32,12 @@ from danube_ingest.testing import BrokerProcess
 from danube_ingest.wal.block import encode_block
 from danube_ingest.wal.framing import Entry
 
-from .support import stop_all
+from .conftest import StartProcess
+from .support import LEASE_TTL, wal_cloud_storage
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(180)]
 
 TOPIC = "/default/idempotent-moves"
-LEASE_TTL = 4
 #: Bound of every wait below (a loaded 2-core machine is slow to start brokers).
 WAIT = LEASE_TTL + 40.0
 #: Entries per batch, batches stored by A.
@@ -48,32 +48,14 @@ StartBroker = Callable[[str], Awaitable[BrokerProcess]]
 
 
 @pytest.fixture
-async def start_broker(
-    tmp_path: Path, etcd_server: str, etcd_prefix: str
-) -> AsyncIterator[StartBroker]:
+def start_broker(start_process: StartProcess, objects_root: Path) -> StartBroker:
     """``await start_broker("broker-a")``: a ``wal_cloud`` broker process on a shared fs
     object root, sealing segments every 2 s."""
-    started: list[BrokerProcess] = []
 
     async def start(broker_id: str) -> BrokerProcess:
-        broker = BrokerProcess(
-            tmp_path / broker_id,
-            etcd_server,
-            broker_id=broker_id,
-            prefix=etcd_prefix,
-            lease_ttl=LEASE_TTL,
-            storage={
-                "mode": "wal_cloud",
-                "cloud": {"backend": "fs", "root": str(tmp_path / "objects")},
-                "wal": {"segment_seconds": 2, "retention": {"check_seconds": 0.2}},
-            },
-        )
-        started.append(broker)
-        await asyncio.to_thread(broker.start)
-        return broker
+        return await start_process(broker_id, wal_cloud_storage(objects_root, 2))
 
-    yield start
-    await stop_all(started)
+    return start
 
 
 def batch(pid: int, seq: int) -> Any:

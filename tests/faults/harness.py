@@ -7,6 +7,9 @@
   once, acknowledged with its offset or not).
 * ``Reader`` receives from a subscription through either client and logs every delivery and
   ack; ``drain`` reads until a count is reached or nothing new arrives.
+* ``start_workload`` sets a scenario up: the topic, its ``audit`` and ``live`` subscriptions
+  and a running ``Load``; ``read_all`` reads both at the end; ``manifest_ranges`` reads what
+  the manifest holds of a topic.
 * ``record`` prints a scenario's figures and appends them to ``$DANUBE_FAULT_FIGURES`` (JSON
   lines) when set: the source of docs/reliability.md's table.
 
@@ -35,9 +38,13 @@ from danube import (
 )
 
 from danube_ingest.client import Batch, ConsumeError, Consumer, Producer
+from danube_ingest.metadata import Keys
+from danube_ingest.metadata.manifest import Manifest, ObjectRange
 from danube_ingest.testing import BrokerProcess, History, Report, message_id
 from danube_ingest.testing_history import Write
 from danube_ingest.wal.framing import Entry
+from tests.broker.support import metadata
+from tests.broker.test_both_clients import create_topic
 
 Kind = Literal["danube", "batch"]
 KINDS: tuple[Kind, ...] = ("danube", "batch")
@@ -419,6 +426,31 @@ async def kill_cycles(
         await load.wait_acked(load.acked + 1)
         recoveries.append(time.monotonic() - killed)
     return recoveries
+
+
+async def start_workload(kind: Kind, url: str, topic: str, history: History) -> tuple[Reader, Load]:
+    """Create ``topic`` and its ``audit`` subscription at offset 0 (closed at once: read only
+    at the end, by ``read_all``), then start a ``live`` reader and a ``Load`` named ``p1``
+    publishing ``topic``. Returns (live, load): the caller stops the load and closes live."""
+    await create_topic(url, topic)
+    audit = Reader(kind, url, topic, "audit", history, name="audit")
+    await audit.start()
+    await audit.close()
+    live = Reader(kind, url, topic, "live", history)
+    await live.start()
+    load = Load(kind, url, topic, history, "p1")
+    try:
+        await load.start()
+    except BaseException:
+        await live.close()
+        raise
+    return live, load
+
+
+async def manifest_ranges(etcd: str, prefix: str, topic: str) -> list[ObjectRange]:
+    """The ranges the manifest under ``prefix`` holds of ``topic``, in offset order."""
+    async with metadata(etcd, prefix) as records:
+        return list(await Manifest(records.kv, Keys(prefix)).ranges(topic))
 
 
 async def read_all(

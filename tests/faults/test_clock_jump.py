@@ -20,15 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from danube_ingest.metadata import Keys
-from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.testing import History, assert_history_ok, manifest_spans
 from danube_ingest.testing_history import Delivery
-from tests.broker.support import metadata
-from tests.broker.test_both_clients import create_topic
 
 from .conftest import BrokerFactory
-from .harness import Kind, Load, Reader, read_all, record
+from .harness import Kind, manifest_ranges, read_all, record, start_workload
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
 
@@ -69,14 +65,7 @@ async def test_wall_clock_jumps_lose_and_redeliver_nothing(
     )
     await asyncio.to_thread(broker.start)
     monkeypatch.delenv("LD_PRELOAD")
-    await create_topic(broker.url, TOPIC)
-    audit = Reader(kind, broker.url, TOPIC, "audit", history, name="audit")
-    await audit.start()
-    await audit.close()
-    live = Reader(kind, broker.url, TOPIC, "live", history)
-    await live.start()
-    load = Load(kind, broker.url, TOPIC, history, "p1")
-    await load.start()
+    live, load = await start_workload(kind, broker.url, TOPIC, history)
     started = time.monotonic()
     try:
         for step in STEPS:
@@ -90,8 +79,7 @@ async def test_wall_clock_jumps_lose_and_redeliver_nothing(
         await read_all(kind, broker.url, TOPIC, history, [live])
     finally:
         await live.close()
-    async with metadata(etcd_server, etcd_prefix) as records:
-        ranges = await Manifest(records.kv, Keys(etcd_prefix)).ranges(TOPIC)
+    ranges = await manifest_ranges(etcd_server, etcd_prefix, TOPIC)
     report = assert_history_ok(
         history,
         subscriptions=[(TOPIC, "live"), (TOPIC, "audit")],

@@ -34,9 +34,8 @@ from danube_ingest.testing import (
     small_filesystem,
 )
 from tests.broker.support import stop_all
-from tests.broker.test_both_clients import create_topic
 
-from .harness import KINDS, Kind, Load, Reader, acked_count, record
+from .harness import KINDS, Kind, Load, Reader, acked_count, record, start_workload
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
 
@@ -102,14 +101,7 @@ async def test_enospc_on_write_fails_stop_and_recovers_after_restart(
     started = time.monotonic()
     try:
         await asyncio.to_thread(broker.start)
-        await create_topic(broker.url, TOPIC)
-        audit = Reader(kind, broker.url, TOPIC, "audit", history, name="audit")
-        await audit.start()
-        await audit.close()
-        live = Reader(kind, broker.url, TOPIC, "live", history)
-        await live.start()
-        load = Load(kind, broker.url, TOPIC, history, "p1")
-        await load.start()
+        live, load = await start_workload(kind, broker.url, TOPIC, history)
         await load.wait_acked(200)
         ballast = disk / "ballast"
         history.fault("enospc", "ballast fills the disk")

@@ -16,9 +16,8 @@ import pytest
 
 from danube_ingest.testing import BrokerProcess, History, LocalEtcd, assert_history_ok
 from tests.broker.support import stop_all
-from tests.broker.test_both_clients import create_topic
 
-from .harness import KINDS, Kind, Load, Reader, read_all, record, summary
+from .harness import KINDS, Kind, read_all, record, start_workload, summary
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
 
@@ -42,14 +41,7 @@ async def test_etcd_killed_and_restarted_under_load(
         )
         try:
             await asyncio.to_thread(broker.start)
-            await create_topic(broker.url, TOPIC)
-            audit = Reader(kind, broker.url, TOPIC, "audit", history, name="audit")
-            await audit.start()
-            await audit.close()
-            live = Reader(kind, broker.url, TOPIC, "live", history)
-            await live.start()
-            load = Load(kind, broker.url, TOPIC, history, "p1")
-            await load.start()
+            live, load = await start_workload(kind, broker.url, TOPIC, history)
             recoveries: list[float] = []
             started = time.monotonic()
             try:

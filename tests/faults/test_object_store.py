@@ -14,14 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from danube_ingest.metadata import Keys
-from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.testing import History, MotoServer, assert_history_ok, manifest_spans
-from tests.broker.support import metadata
-from tests.broker.test_both_clients import create_topic
 
 from .conftest import BrokerFactory
-from .harness import KINDS, Kind, Load, Reader, read_all, record
+from .harness import KINDS, Kind, manifest_ranges, read_all, record, start_workload
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd, pytest.mark.s3]
 
@@ -58,14 +54,7 @@ async def test_object_store_hang_loses_nothing(
             }
         )
         await asyncio.to_thread(broker.start)
-        await create_topic(broker.url, TOPIC)
-        audit = Reader(kind, broker.url, TOPIC, "audit", history, name="audit")
-        await audit.start()
-        await audit.close()
-        live = Reader(kind, broker.url, TOPIC, "live", history)
-        await live.start()
-        load = Load(kind, broker.url, TOPIC, history, "p1")
-        await load.start()
+        live, load = await start_workload(kind, broker.url, TOPIC, history)
         started = time.monotonic()
         assert moto.process is not None
         try:
@@ -85,8 +74,7 @@ async def test_object_store_hang_loses_nothing(
         finally:
             await live.close()
             await asyncio.to_thread(broker.stop)
-        async with metadata(etcd_server, etcd_prefix) as records:
-            ranges = await Manifest(records.kv, Keys(etcd_prefix)).ranges(TOPIC)
+        ranges = await manifest_ranges(etcd_server, etcd_prefix, TOPIC)
     report = assert_history_ok(
         history,
         subscriptions=[(TOPIC, "live"), (TOPIC, "audit")],

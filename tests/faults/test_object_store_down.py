@@ -19,25 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from danube_ingest.metadata import Keys
-from danube_ingest.metadata.manifest import Manifest, ObjectRange
 from danube_ingest.testing import History, assert_history_ok, manifest_spans
-from tests.broker.support import metadata
-from tests.broker.test_both_clients import create_topic
 
 from .conftest import BrokerFactory
-from .harness import KINDS, Kind, Load, Reader, read_all, record
+from .harness import KINDS, Kind, manifest_ranges, read_all, record, start_workload
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
 
 TOPIC = "/default/storedown"
 #: How long the store is down: several segment seals (1 s each) and upload retries.
 OUTAGE = 6.0
-
-
-async def _ranges(etcd_server: str, etcd_prefix: str) -> list[ObjectRange]:
-    async with metadata(etcd_server, etcd_prefix) as records:
-        return list(await Manifest(records.kv, Keys(etcd_prefix)).ranges(TOPIC))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -61,19 +52,12 @@ async def test_object_store_down_and_back_loses_nothing(
         }
     )
     await asyncio.to_thread(broker.start)
-    await create_topic(broker.url, TOPIC)
-    audit = Reader(kind, broker.url, TOPIC, "audit", history, name="audit")
-    await audit.start()
-    await audit.close()
-    live = Reader(kind, broker.url, TOPIC, "live", history)
-    await live.start()
-    load = Load(kind, broker.url, TOPIC, history, "p1")
-    await load.start()
+    live, load = await start_workload(kind, broker.url, TOPIC, history)
     started = time.monotonic()
     try:
         await load.wait_acked(200)
         await asyncio.sleep(1.5)  # a segment sealed and uploaded before the outage
-        before = len(await _ranges(etcd_server, etcd_prefix))
+        before = len(await manifest_ranges(etcd_server, etcd_prefix, TOPIC))
         log_before = len(broker.log_text())
         root.rename(away)
         root.write_bytes(b"the object store is down\n")
@@ -81,7 +65,7 @@ async def test_object_store_down_and_back_loses_nothing(
             during = load.acked
             await asyncio.sleep(OUTAGE)
             published_during = load.acked - during
-            during_ranges = len(await _ranges(etcd_server, etcd_prefix))
+            during_ranges = len(await manifest_ranges(etcd_server, etcd_prefix, TOPIC))
         finally:
             root.unlink()
             away.rename(root)
@@ -90,7 +74,7 @@ async def test_object_store_down_and_back_loses_nothing(
         await load.wait_acked(load.acked + 200)
         await load.stop()
         # The backlog uploaded: the store's retry delay had grown to several seconds.
-        while len(await _ranges(etcd_server, etcd_prefix)) <= during_ranges:
+        while len(await manifest_ranges(etcd_server, etcd_prefix, TOPIC)) <= during_ranges:
             assert time.monotonic() - restored < 60, "no upload committed after the store came back"
             await asyncio.sleep(0.2)
         uploads_resumed = time.monotonic() - restored
@@ -98,7 +82,7 @@ async def test_object_store_down_and_back_loses_nothing(
     finally:
         await live.close()
         await asyncio.to_thread(broker.stop)
-    ranges = await _ranges(etcd_server, etcd_prefix)
+    ranges = await manifest_ranges(etcd_server, etcd_prefix, TOPIC)
     report = assert_history_ok(
         history,
         subscriptions=[(TOPIC, "live"), (TOPIC, "audit")],

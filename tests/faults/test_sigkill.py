@@ -13,10 +13,17 @@ import time
 import pytest
 
 from danube_ingest.testing import History, assert_history_ok
-from tests.broker.test_both_clients import create_topic
 
 from .conftest import BrokerFactory
-from .harness import KILLED_KINDS, Kind, Load, Reader, kill_cycles, read_all, record, summary
+from .harness import (
+    KILLED_KINDS,
+    Kind,
+    kill_cycles,
+    read_all,
+    record,
+    start_workload,
+    summary,
+)
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
 
@@ -31,14 +38,7 @@ CYCLES = int(os.environ.get("DANUBE_FAULT_CYCLES", "25"))
 async def test_sigkill_during_appends(brokers: BrokerFactory, history: History, kind: Kind) -> None:
     broker = brokers()
     await asyncio.to_thread(broker.start)
-    await create_topic(broker.url, TOPIC)
-    audit = Reader(kind, broker.url, TOPIC, "audit", history, name="audit")
-    await audit.start()  # creates the subscription at offset 0; read only at the end
-    await audit.close()
-    live = Reader(kind, broker.url, TOPIC, "live", history)
-    await live.start()
-    load = Load(kind, broker.url, TOPIC, history, "p1")
-    await load.start()
+    live, load = await start_workload(kind, broker.url, TOPIC, history)
     started = time.monotonic()
     try:
         recoveries = await kill_cycles(broker, load, history, CYCLES)

@@ -17,10 +17,17 @@ import pytest
 
 from danube_ingest.testing import History, assert_history_ok
 from danube_ingest.wal.synclog import ENV, read_synced
-from tests.broker.test_both_clients import create_topic
 
 from .conftest import BrokerFactory
-from .harness import KILLED_KINDS, Kind, Load, Reader, kill_cycles, read_all, record, summary
+from .harness import (
+    KILLED_KINDS,
+    Kind,
+    kill_cycles,
+    read_all,
+    record,
+    start_workload,
+    summary,
+)
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
 
@@ -58,14 +65,7 @@ async def test_unsynced_bytes_lost_after_a_kill_lose_nothing_acknowledged(
     monkeypatch.setenv(ENV, str(sync_log))  # inherited by the broker process
     broker = brokers()
     await asyncio.to_thread(broker.start)
-    await create_topic(broker.url, TOPIC)
-    audit = Reader(kind, broker.url, TOPIC, "audit", history, name="audit")
-    await audit.start()
-    await audit.close()
-    live = Reader(kind, broker.url, TOPIC, "live", history)
-    await live.start()
-    load = Load(kind, broker.url, TOPIC, history, "p1")
-    await load.start()
+    live, load = await start_workload(kind, broker.url, TOPIC, history)
     started = time.monotonic()
     cut: list[int] = []
     rng = random.Random(7)

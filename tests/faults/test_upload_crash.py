@@ -35,9 +35,8 @@ from danube_ingest.testing import (
     manifest_spans,
 )
 from tests.broker.support import stop_all
-from tests.broker.test_both_clients import create_topic
 
-from .harness import FEW_KILLS_KINDS, Kind, Load, Reader, read_all, record, summary
+from .harness import FEW_KILLS_KINDS, Kind, read_all, record, start_workload, summary
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
 
@@ -137,14 +136,7 @@ async def test_crash_during_upload_loses_nothing(
         uncommitted = 0
         try:
             await asyncio.to_thread(broker.start)
-            await create_topic(broker.url, TOPIC)
-            audit = Reader(kind, broker.url, TOPIC, "audit", history, name="audit")
-            await audit.start()
-            await audit.close()
-            live = Reader(kind, broker.url, TOPIC, "live", history)
-            await live.start()
-            load = Load(kind, broker.url, TOPIC, history, "p1")
-            await load.start()
+            live, load = await start_workload(kind, broker.url, TOPIC, history)
             try:
                 for _ in range(CRASHES):
                     await load.wait_acked(load.acked + 100)
