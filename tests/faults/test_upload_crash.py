@@ -3,8 +3,9 @@ checker then requires nothing acknowledged lost, no duplicate beyond the unackno
 window, contiguous offsets, and a gap-free, overlap-free manifest.
 
 * ``after_put``: the segment object is stored, its ranges are not committed. etcd is paused
-  (SIGSTOP) so that the manifest commit cannot happen; the kill comes once a new object is in
-  the fs store (its size unchanged for a moment: the PUT is done), then etcd resumes. The
+  (SIGSTOP) so that the manifest commit cannot happen; the kill comes once an object the
+  manifest did not reference before the pause is in the fs store (its size unchanged for a
+  moment: the PUT is done), then etcd resumes. The
   restarted daemon must find the stored object (``segment object already stored``) and commit
   it once.
 * ``after_commit``: the kill comes as soon as the manifest holds a new range (polled every
@@ -54,35 +55,43 @@ async def _ranges(kv: EtcdKV) -> list[ObjectRange]:
     return list(await Manifest(kv, Keys(PREFIX)).ranges(TOPIC))
 
 
-async def _new_object(root: Path, known: dict[Path, int], timeout: float = 20.0) -> Path:
-    """A ``.bin`` object not in ``known`` whose size stayed the same for 0.3 s."""
+async def _unreferenced_object(root: Path, referenced: set[str], timeout: float = 20.0) -> Path:
+    """A ``.bin`` object whose key is not in ``referenced`` and whose size stayed the same for
+    0.3 s (its PUT is done)."""
     deadline = time.monotonic() + timeout
     sizes: dict[Path, int] = {}
     while time.monotonic() < deadline:
-        now = {p: s for p, s in _objects(root).items() if p not in known and s > 0}
+        now = {
+            p: s
+            for p, s in _objects(root).items()
+            if s > 0 and p.relative_to(root).as_posix() not in referenced
+        }
         for path, size in now.items():
             if sizes.get(path) == size:
                 return path
         sizes = now
         await asyncio.sleep(0.3)
-    raise AssertionError(f"no new object stored under {root} in {timeout}s")
+    raise AssertionError(f"no object outside the manifest stored under {root} in {timeout}s")
 
 
 async def _crash_after_put(
     etcd: LocalEtcd, broker: BrokerProcess, root: Path, history: History, kv: EtcdKV
 ) -> bool:
-    """Kill the daemon once an object is stored while etcd is paused; whether that object's
-    ranges were still uncommitted once etcd resumed (a commit sent just before the pause may
-    still be applied: then this crash did not land between PUT and commit)."""
+    """Kill the daemon, etcd paused, once an object the manifest did not reference before the
+    pause is stored; whether that object's ranges were still uncommitted once etcd resumed (a
+    commit sent just before the pause may still be applied: then this crash did not land
+    between PUT and commit)."""
     pid = etcd.server.pid
     assert pid is not None
     # Paused right after a commit: the uploader is then between segments, not waiting on etcd
-    # in the middle of a commit (which would keep it from storing the next object).
+    # in the middle of a commit (which would keep it from storing the next object). The next
+    # object may be stored already: the uploader PUTs a few segments ahead of its commits, and
+    # then waits on the paused etcd without storing another one.
     await _committed(kv)
-    known = _objects(root)
+    referenced = {r.object_key for r in await _ranges(kv)}
     os.kill(pid, signal.SIGSTOP)
     try:
-        stored = await _new_object(root, known)
+        stored = await _unreferenced_object(root, referenced)
         # Logged at the kill: what was delivered and acked during the pause (the ack not
         # persisted: etcd is paused) may come again.
         history.fault("sigkill", "between put and commit")
