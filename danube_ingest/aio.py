@@ -57,7 +57,9 @@ class BackgroundLoop:
 
     async def stop(self) -> None:
         """Cancel the task and wait until it has ended; a no-op when it is not running.
-        ``start`` may be called again afterwards."""
+        ``start`` may be called again afterwards. A cancellation of the caller that arrives
+        while it waits is absorbed as well, on purpose: a shutdown that calls ``stop`` goes on
+        to its next steps (closing the WAL, revoking the lease) rather than ending half-way."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
