@@ -113,10 +113,10 @@ def _run_child(
         while stop_at is not None and _state(child.pid) != "T":
             if child.poll() is not None:
                 raise AssertionError(
-                    f"{command[1:3]} ended ({child.returncode}) before its stop point "
-                    f"{stop_at}:\n{out.read_text()[-3000:]}"
+                    f"the child logging to {out.name} ended ({child.returncode}) before its "
+                    f"stop point {stop_at}:\n{out.read_text()[-3000:]}"
                 )
-            assert time.monotonic() < deadline, f"{command[1:3]} never reached {stop_at}"
+            assert time.monotonic() < deadline, f"the child of {out.name} never reached {stop_at}"
             time.sleep(0.02)
         if stop_at is not None:
             os.killpg(child.pid, signal.SIGKILL)
