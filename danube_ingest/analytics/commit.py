@@ -64,6 +64,7 @@ from danube_ingest.metadata.errors import CommitStateUnknownError, MetadataError
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV, Compare, Get, KeyValue, Put
 from danube_ingest.objects.store import ObjectStore
+from danube_ingest.stoppoint import reached
 
 __all__ = [
     "CommitOutcome",
@@ -274,6 +275,7 @@ async def commit_partition(
                 continue  # not applied (yet): the same CAS cannot apply twice, so retry it
             return await _settle(intent, store, root, files, stored)
         if result.succeeded:
+            reached("convert.committed")
             stored = await kv.get(part_key)
             assert (
                 stored is not None

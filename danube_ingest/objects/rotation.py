@@ -90,6 +90,7 @@ from danube_ingest.objects.binfmt import (
 )
 from danube_ingest.objects.store import ObjectStore
 from danube_ingest.objects.uploader import OBJECT_FRAME_BYTES, OBJECT_REFRESH_SECONDS
+from danube_ingest.stoppoint import reached
 
 log = logging.getLogger(__name__)
 
@@ -378,6 +379,7 @@ async def rotate_group(
     new = await _verified_entry(store, group, len(body), crc32c(body))
     if time.monotonic() - stored_at > OBJECT_REFRESH_SECONDS:
         await store.put(group.key, body)  # its age starts over: see the module docstring
+    reached("rotation.stored")
     swapped = await manifest.replace(None, group.ranges, [new], now_ms=now_ms)
     log.info(
         "rotation group topic=%s start=%d end=%d ranges=%d closed_by=%s key=%s bytes_in=%d "
@@ -392,6 +394,8 @@ async def rotate_group(
         new.object_size,
         swapped,
     )
+    if swapped:
+        reached("rotation.swapped")
     return new if swapped else None
 
 
