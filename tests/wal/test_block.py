@@ -21,6 +21,7 @@ from danube_ingest.wal.block import (
     IDEMPOTENT_BIT,
     BlockLimits,
     EntryBlock,
+    _alike,
     _check_entries,
     check_block,
     encode_block,
@@ -391,11 +392,11 @@ def verdict(check: Callable[[], EntryBlock]) -> tuple[object, ...]:
 @given(
     count=st.integers(1, 12),
     payload_len=st.integers(0, 40),
-    name=st.text(max_size=4),
+    name=st.one_of(st.text(max_size=4), st.text(min_size=60, max_size=80)),
     key=st.one_of(st.none(), st.text(max_size=4)),
     publish_ms=st.integers(0, 2**63 - 1),
     where=st.sampled_from(["none", "all", "one"]),
-    at=st.integers(0, 200),
+    at=st.integers(0, 400),
     value=st.integers(0, 255),
     data=st.data(),
 )
@@ -449,3 +450,18 @@ def test_alike_entries_are_checked_without_the_entry_by_entry_pass() -> None:
         struct.pack_into("<HH", split, i * size + 45, 1, 2)
     with pytest.raises(InvalidEntryError, match="entry 0 of the batch: producer name is not"):
         check_block(split, sizes, 40, LIMITS)
+
+
+@pytest.mark.parametrize("width", [8, 11, 16, 17, 63, 64, 65, 72, 73, 200])
+def test_alike_compares_every_byte_of_the_span(width: int) -> None:
+    """(The shortcut's comparison of entries' fields and text, in overlapping 8-byte words:
+    a difference in any byte of the span, in any entry, is seen; bytes outside it are not.)"""
+    count, size, start = 5, width + 20, 7
+    block = bytearray(bytes(range(size)) * count)
+    assert _alike(block, count, size, start, start + width)
+    for at in range(size):
+        for entry in (1, count - 1):
+            changed = bytearray(block)
+            changed[entry * size + at] ^= 0x40
+            inside = start <= at < start + width
+            assert _alike(changed, count, size, start, start + width) is not inside
