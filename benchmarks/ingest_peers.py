@@ -23,10 +23,11 @@ message is counted once the server has answered it, and it answers after fdatasy
   a loop on the same disk.
 
 Rounds are interleaved (every system once per round, ``ROUNDS`` rounds of ``SECONDS`` s each);
-the figures are medians. CPU: seconds of CPU (user + system) per million messages of the
-client (this process) and of the server process, per system. CPU pressure (PSI) is printed
-before and after and put in the JSON line. Ratios: ours / Redis (goal ≥ 10), ours /
-danube-client (goal ≥ 100), ours / ceiling (goal ≥ 0.4).
+the figures are medians. ``--only ours,ceiling`` measures only the named systems (then no JSON
+line: its ratios need them all); ``--rounds N`` sets the number of rounds. CPU: seconds of CPU
+(user + system) per million messages of the client (this process) and of the server process,
+per system. CPU pressure (PSI) is printed before and after and put in the JSON line. Ratios:
+ours / Redis (goal ≥ 10), ours / danube-client (goal ≥ 100), ours / ceiling (goal ≥ 0.4).
 """
 
 from __future__ import annotations
@@ -308,7 +309,7 @@ def free_port() -> int:
     return free()
 
 
-async def run() -> None:
+async def run(only: set[str] | None = None, rounds: int = ROUNDS) -> None:
     from danube_ingest.testing import LocalEtcd
 
     if shutil.which("redis-server") is None:
@@ -387,8 +388,10 @@ async def run() -> None:
                 ),
                 ("raw_disk", os.getpid(), lambda: _raw(work / "raw.bin")),
             ]
-            for round_no in range(ROUNDS):
-                say(f"round {round_no + 1}/{ROUNDS} (CPU pressure {cpu_pressure()}%)")
+            if only is not None:
+                systems = [system for system in systems if system[0] in only]
+            for round_no in range(rounds):
+                say(f"round {round_no + 1}/{rounds} (CPU pressure {cpu_pressure()}%)")
                 for name, pid, measure in systems:
                     server0, client0, t0 = proc_cpu(pid), time.process_time(), time.perf_counter()
                     messages, nbytes = await measure()
@@ -414,6 +417,15 @@ async def run() -> None:
             broker.stop()
     pressure_after = cpu_pressure()
     rate = {k: median(v) for k, v in rates.items()}
+    if only is not None:
+        for name in rate:
+            say(
+                f"median {name}: {rate[name]:,.0f} msg/s, CPU s per 1M msgs: client "
+                f"{median(cpu_client[name]):.2f}, server {median(cpu_server[name]):.2f}"
+            )
+        if "ours" in rate and "ceiling" in rate:
+            say(f"ours / ceiling: {ratio(rate['ours'], rate['ceiling']):.3f}")
+        return
     mb = {k: median(v) for k, v in mbps.items()}
     emit(
         {
@@ -480,6 +492,12 @@ if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--ceiling-server":
         ceiling_server(int(sys.argv[2]), sys.argv[3])
     else:
+        import argparse
+
         import uvloop
 
-        uvloop.run(run())
+        parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+        parser.add_argument("--only", help="comma-separated systems to measure (default: all)")
+        parser.add_argument("--rounds", type=int, default=ROUNDS)
+        args = parser.parse_args()
+        uvloop.run(run(set(args.only.split(",")) if args.only else None, args.rounds))

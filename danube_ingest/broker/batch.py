@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import lz4.frame
@@ -60,6 +60,7 @@ from danube_ingest.wal.block import (
     served_block,
     served_frame,
 )
+from danube_ingest.wal.log import StagedBlock
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +113,12 @@ def _decompress(request: Any, limit: int) -> bytearray:
     return bytearray(out)
 
 
-def block_from_request(request: Any, limits: LimitsConfig) -> EntryBlock:
+def block_from_request(
+    request: Any, limits: LimitsConfig, block_limits: BlockLimits | None = None
+) -> EntryBlock:
     """The checked block of a PublishRequest; raises ``InvalidRequestError`` or
-    ``InvalidEntryError`` (both INVALID_ARGUMENT) naming what is wrong. Nothing is stored."""
+    ``InvalidEntryError`` (both INVALID_ARGUMENT) naming what is wrong. Nothing is stored.
+    ``block_limits``: ``limits``' per-entry limits, when the caller has them already."""
     producer_id = request.producer_id
     if producer_id and not producer_id & IDEMPOTENT_BIT:
         raise InvalidRequestError(
@@ -128,7 +132,8 @@ def block_from_request(request: Any, limits: LimitsConfig) -> EntryBlock:
             f"entries CRC32C is {got:#010x}, the request says {request.crc32c:#010x}: the "
             f"batch was damaged or built wrong; rebuild and resend it"
         )
-    block_limits = BlockLimits(limits.max_payload_bytes, limits.max_attributes)
+    if block_limits is None:
+        block_limits = BlockLimits(limits.max_payload_bytes, limits.max_attributes)
     return check_block(data, request.sizes, request.count, block_limits)
 
 
@@ -197,14 +202,19 @@ class IngestService(pb_grpc.IngestServiceServicer):
         room: asyncio.Semaphore,
         caller: Caller,
     ) -> None:
-        """Stage each batch in arrival order; answer each once it is durable or refused."""
-        waiting: set[asyncio.Task[None]] = set()
+        """Stage each batch in arrival order; answer each once it is durable or refused.
+
+        A staged batch is answered by a done callback on its durability future (no task per
+        batch): the answer is queued as the WAL completes the future.
+        """
         limits = self._manager.limits
+        block_limits = BlockLimits(limits.max_payload_bytes, limits.max_attributes)
+        waiting = _Waiting(answers, room)
         try:
             async for request in requests:
                 try:
                     self._guard.authorize(caller, "produce", request.topic)
-                    block = block_from_request(request, limits)
+                    block = block_from_request(request, limits, block_limits)
                     staged = await self._manager.publish_block(
                         request.topic, block, request.producer_id, request.sequence, caller.owner
                     )
@@ -212,13 +222,8 @@ class IngestService(pb_grpc.IngestServiceServicer):
                     answers.put_nowait(_error(request.request_id, exc))
                     continue
                 await room.acquire()
-                task = asyncio.ensure_future(
-                    _answer(request.request_id, staged.future, staged.offsets, staged.duplicate)
-                )
-                task.add_done_callback(lambda t: _deliver(t, answers, room, waiting))
-                waiting.add(task)
-            while waiting:
-                await asyncio.wait(set(waiting))
+                waiting.add(request.request_id, staged)
+            await waiting.drained()
         finally:
             answers.put_nowait(None)
 
@@ -348,29 +353,50 @@ def _start(kind: int, value: int) -> StartPosition:
     raise InvalidRequestError(f"unknown start {kind}: expected 0 (latest) to 3 (time)")
 
 
-async def _answer(request_id: int, future: Any, offsets: range, duplicate: bool) -> Any:
-    try:
-        await future
-    except Exception as exc:
-        return _error(request_id, exc)
-    return pb.PublishResponse(
-        request_id=request_id,
-        base_offset=max(offsets.start, 0),
-        count=len(offsets),
-        duplicate=duplicate,
-    )
+class _Waiting:
+    """The staged batches of one Publish stream not answered yet: each is answered (queued on
+    ``answers``, its room released) as its durability future completes."""
 
+    __slots__ = ("_answers", "_count", "_drained", "_room")
 
-def _deliver(
-    task: asyncio.Task[Any],
-    answers: asyncio.Queue[Any],
-    room: asyncio.Semaphore,
-    waiting: set[asyncio.Task[None]],
-) -> None:
-    waiting.discard(task)
-    room.release()
-    if not task.cancelled():
-        answers.put_nowait(task.result())
+    def __init__(self, answers: asyncio.Queue[Any], room: asyncio.Semaphore) -> None:
+        self._answers = answers
+        self._room = room
+        self._count = 0
+        self._drained: asyncio.Future[None] | None = None
+
+    def add(self, request_id: int, staged: StagedBlock) -> None:
+        """Answer ``request_id`` once ``staged.future`` completes: its offsets, or the error."""
+        self._count += 1
+        offsets = staged.offsets
+        duplicate = staged.duplicate
+
+        def done(future: Any) -> None:
+            self._count -= 1
+            self._room.release()
+            if not future.cancelled():
+                error = future.exception()
+                self._answers.put_nowait(
+                    _error(request_id, error)
+                    if error is not None
+                    else pb.PublishResponse(
+                        request_id=request_id,
+                        base_offset=max(offsets.start, 0),
+                        count=len(offsets),
+                        duplicate=duplicate,
+                    )
+                )
+            drained = self._drained
+            if self._count == 0 and drained is not None and not drained.done():
+                drained.set_result(None)
+
+        cast(asyncio.Future[None], staged.future).add_done_callback(done)
+
+    async def drained(self) -> None:
+        """Return once every added batch is answered."""
+        if self._count:
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
 
 
 async def _detach(

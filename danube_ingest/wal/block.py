@@ -9,11 +9,14 @@ Why the WAL's own layout (Kafka's record batches make the same choice): the daem
 builds one object per message on the way in. With the size table, the entries' start positions
 are one cumulative sum, and every fixed-size entry header (55 bytes) can be gathered and
 checked with numpy in a few vectorised operations; only entries with attributes (variable
-length, rare) are walked in Python. Stamping is vectorised too: the daemon overwrites each
-entry's ``ingest_ms`` (one time per batch), ``producer_id`` and ``request_id`` (the idempotent
-producer's id and the batch's sequence, so the producer state is persisted with the data and
-rebuilt by recovery from each frame's first entry). Every existing reader (recovery, cache,
-dispatch, uploader, ``.bin`` objects, analytics) sees an ordinary MESSAGES frame.
+length, rare) are walked in Python. A block of alike entries (equal sizes, and equal flags,
+lengths, name and key: what ``send_many`` sends) is proven with fewer: whole-block comparisons
+against its first entry, whose fields are checked once. Stamping is vectorised too: the daemon
+overwrites each entry's ``ingest_ms`` (one time per batch), ``producer_id`` and ``request_id``
+(the idempotent producer's id and the batch's sequence, so the producer state is persisted with
+the data and rebuilt by recovery from each frame's first entry). Every existing reader
+(recovery, cache, dispatch, uploader, ``.bin`` objects, analytics) sees an ordinary MESSAGES
+frame.
 
 Guarantees of :func:`check_block`: a block it accepts decodes with
 :func:`framing.decode_messages` into exactly ``count`` entries that pass the same limits as a
@@ -24,6 +27,7 @@ and keys, their total, valid UTF-8 text, ``publish_ms`` in range. A block it ref
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -67,6 +71,12 @@ assert ENTRY_DTYPE.itemsize == ENTRY_HEADER_SIZE  # the same layout as framing's
 _COUNTS_AT = ENTRY_DTYPE.fields["name_len"][1]  # type: ignore[index]
 _ATTR_COUNT_AT = ENTRY_DTYPE.fields["attr_count"][1]  # type: ignore[index]
 _PAYLOAD_LEN_AT = ENTRY_DTYPE.fields["payload_len"][1]  # type: ignore[index]
+_FLAGS_AT = ENTRY_DTYPE.fields["flags"][1]  # type: ignore[index]
+_PUBLISH_AT = ENTRY_DTYPE.fields["publish_ms"][1]  # type: ignore[index]
+#: Up to this many 8-byte words of alike entries are compared column by column (see _alike).
+_ALIKE_MAX_WORDS = 8
+#: flags, then the lengths (``ENTRY_LENGTHS``): the fixed fields the checks read.
+_COUNTS = struct.Struct("<B" + ENTRY_LENGTHS.format.lstrip("<"))
 _INGEST_AT = 0
 _PRODUCER_AT = 16
 _REQUEST_AT = _PRODUCER_AT + 8
@@ -99,31 +109,31 @@ class BlockLimits:
 class EntryBlock:
     """A checked entry block (see :func:`check_block`); the batch path appends it whole."""
 
-    __slots__ = ("count", "data", "starts")
+    __slots__ = ("count", "data", "row_size", "starts")
 
-    def __init__(self, data: bytearray, starts: npt.NDArray[np.int64]) -> None:
+    def __init__(self, data: bytearray, starts: npt.NDArray[np.int64], row_size: int = 0) -> None:
         self.data = data
         """The entries (stamped in place by :meth:`stamp`)."""
         self.starts = starts
         """Byte position of each entry in ``data``."""
         self.count = len(starts)
+        self.row_size = row_size
+        """The size of every entry when all have the same size (``starts`` is then
+        ``arange(count) * row_size``), else 0."""
 
     def stamp(self, ingest_ms: int, producer_id: int, request_id: int) -> None:
         """Set every entry's ingest time, producer id and request id (vectorised)."""
+        if self.row_size:
+            # One structured write of the three fields of every entry; the rest stays as it is.
+            rows = np.frombuffer(self.data, dtype=_stamped_dtype(self.row_size))
+            rows[:] = (ingest_ms, producer_id, request_id)
+            return
         arr = np.frombuffer(self.data, dtype=np.uint8)
         values = (
             (_INGEST_AT, ingest_ms.to_bytes(8, "little", signed=True)),
             (_PRODUCER_AT, producer_id.to_bytes(8, "little")),
             (_REQUEST_AT, request_id.to_bytes(8, "little")),
         )
-        rows = _rows(arr, self.starts)
-        if rows is not None:
-            # (producer_id and request_id are adjacent: one strided write for both.)
-            rows[:, _INGEST_AT : _INGEST_AT + 8] = np.frombuffer(values[0][1], np.uint8)
-            rows[:, _PRODUCER_AT : _REQUEST_AT + 8] = np.frombuffer(
-                values[1][1] + values[2][1], np.uint8
-            )
-            return
         at8 = self.starts[:, None] + _BYTE8
         for at, value in values:
             arr[at8 + at] = np.frombuffer(value, np.uint8)
@@ -350,7 +360,21 @@ def check_block(
             f"sizes holds {len(sizes_table)} bytes; expected 4 per message ({4 * count} for "
             f"count {count})"
         )
-    sizes = np.frombuffer(sizes_table, dtype="<u4").astype(np.int64)
+    table = np.frombuffer(sizes_table, dtype="<u4")
+    size = int(table[0])
+    if size * count == len(block) and (table == size).all():
+        accepted = _check_alike(block, count, size, limits)
+        if accepted is not None:
+            return accepted
+    return _check_entries(block, table, count, limits)
+
+
+def _check_entries(
+    block: bytearray, table: npt.NDArray[np.uint32], count: int, limits: BlockLimits
+) -> EntryBlock:
+    """:func:`check_block`'s general path: every entry's fields checked (vectorised), the
+    first entry at fault named."""
+    sizes = table.astype(np.int64)
     if int(sizes.sum()) != len(block):
         raise InvalidEntryError(
             f"entry sizes add up to {int(sizes.sum())} bytes, the block has {len(block)}: "
@@ -363,7 +387,9 @@ def check_block(
     starts = np.cumsum(sizes) - sizes
     arr = np.frombuffer(block, dtype=np.uint8)
     rows = _rows(arr, starts)
+    row_size = 0
     if rows is not None:
+        row_size = rows.shape[1]
         raw = np.ascontiguousarray(rows[:, :ENTRY_HEADER_SIZE])
     else:
         raw = arr[starts[:, None] + _HEADER_BYTES]
@@ -430,7 +456,59 @@ def check_block(
     _check_text(arr, starts + ENTRY_HEADER_SIZE, name_len, key_len)
     for i in np.flatnonzero(~plain).tolist():
         _check_attributes(block, int(starts[i]), int(sizes[i]), int(fixed[i]), i, limits)
-    return EntryBlock(block, starts)
+    return EntryBlock(block, starts, row_size)
+
+
+def _check_alike(block: bytearray, count: int, size: int, limits: BlockLimits) -> EntryBlock | None:
+    """The checked block when its ``count`` entries of ``size`` bytes each are plain (no
+    attributes) and alike (fixed-size messages from one producer with one name and key: the
+    common case), proven with a few whole-block comparisons and the first entry's fields;
+    None when that cannot be shown, and :func:`check_block`'s general path decides (and
+    names the entry at fault). Accepts only what the general path accepts: every entry's
+    flags, name, key, attribute count and payload length equal the first's, which passes every
+    check, no ``publish_ms`` is negative, and every entry's name and key bytes equal the
+    first's, which are UTF-8."""
+    if size < ENTRY_HEADER_SIZE:
+        return None
+    flags, name_len, key_len, attr_count, payload_len = _COUNTS.unpack_from(block, _FLAGS_AT)
+    text = name_len + key_len
+    if (
+        flags & ~_KNOWN_FLAGS
+        or (key_len and not flags & _HAS_KEY)
+        or attr_count
+        or size != ENTRY_HEADER_SIZE + text + payload_len
+        or name_len > limits.max_name_bytes
+        or size - ENTRY_HEADER_SIZE > limits.max_payload_bytes
+    ):
+        return None
+    if count > 1 and not _alike(block, count, size, _FLAGS_AT, ENTRY_HEADER_SIZE + text):
+        return None
+    if (np.ndarray((count,), "<i8", block, _PUBLISH_AT, (size,)) < 0).any():
+        return None
+    if text:
+        name_end = ENTRY_HEADER_SIZE + name_len
+        try:
+            bytes(block[ENTRY_HEADER_SIZE:name_end]).decode()
+            bytes(block[name_end : name_end + key_len]).decode()
+        except UnicodeDecodeError:
+            return None
+    return EntryBlock(block, np.arange(0, count * size, size, dtype=np.int64), size)
+
+
+def _alike(block: bytearray, count: int, size: int, start: int, end: int) -> bool:
+    """Whether bytes ``[start, end)`` (at least 8) of each of the block's ``count`` entries of
+    ``size`` bytes equal the first entry's. Compared as (overlapping) 8-byte words, one strided
+    comparison per word: numpy is slow on many short rows, fast on one long column."""
+    if end - start > _ALIKE_MAX_WORDS * 8:
+        words = np.ndarray((count, (end - start) // 8), "<u8", block, start, (size, 8))
+        if not (words[1:] == words[0]).all():
+            return False
+        return _alike(block, count, size, end - 8, end)
+    for at in (*range(start, end - 8, 8), end - 8):
+        column = np.ndarray((count,), "<u8", block, at, (size,))
+        if not (column == column[0]).all():
+            return False
+    return True
 
 
 def _rows(
@@ -448,6 +526,19 @@ def _rows(
     if count > 1 and not (np.diff(starts) == size).all():
         return None
     return arr.reshape(count, size)
+
+
+@functools.lru_cache(maxsize=256)
+def _stamped_dtype(row_size: int) -> np.dtype[np.void]:
+    """The fields :meth:`EntryBlock.stamp` sets, as a record of ``row_size`` bytes (an entry)."""
+    return np.dtype(
+        {
+            "names": ["ingest_ms", "producer_id", "request_id"],
+            "formats": ["<i8", "<u8", "<u8"],
+            "offsets": [_INGEST_AT, _PRODUCER_AT, _REQUEST_AT],
+            "itemsize": row_size,
+        }
+    )
 
 
 def _first(bad: npt.NDArray[np.bool_], why: Callable[[int], str]) -> None:

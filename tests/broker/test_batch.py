@@ -7,7 +7,9 @@ per subscription type and bad messages are tested for both clients in test_both_
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -234,3 +236,42 @@ async def test_an_unknown_subscription_type_is_invalid_and_creates_nothing(
     assert "subscription_type 7" in (refused.value.details() or "")
     async with metadata(etcd_server, etcd_prefix) as records:
         assert await records.list_subscriptions("/default/batch-type") == []
+
+
+async def test_staged_batches_wait_for_their_fdatasync_without_a_task_each(
+    stream: tuple[Broker, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches staged while the WAL's fdatasync is held are answered only after it, each with
+    its offsets, and waiting for it costs no asyncio task per batch (the handler answers from
+    a done callback on the batch's durability future)."""
+    broker, call = stream
+    await call.write(request([Entry(b"warm-up")]))
+    assert (await call.read()).code == 0
+    gate = threading.Event()
+    real = os.fdatasync
+
+    def held(fd: int) -> None:
+        if threading.current_thread().name.startswith("wal-writer"):
+            gate.wait(TIMEOUT)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", held)
+    tasks = len(asyncio.all_tasks())
+    store = broker.manager._store
+    batches = 40
+    for i in range(batches):
+        await call.write(request([Entry(b"a%d" % i), Entry(b"b%d" % i)], request_id=i))
+    deadline = asyncio.get_running_loop().time() + TIMEOUT
+    while store.next_offset("/default/bad") < 1 + 2 * batches:
+        assert asyncio.get_running_loop().time() < deadline, "the batches were not staged"
+        await asyncio.sleep(0.01)
+    first = asyncio.ensure_future(call.read())
+    await asyncio.sleep(0.2)
+    assert not first.done()  # staged, written maybe, not synced: not answered
+    assert len(asyncio.all_tasks()) - tasks < 5  # not one per waiting batch
+    gate.set()
+    answers = [await first] + [await call.read() for _ in range(batches - 1)]
+    assert sorted((a.request_id, a.code, a.base_offset, a.count) for a in answers) == [
+        (i, 0, 1 + 2 * i, 2) for i in range(batches)
+    ]
+    await call.done_writing()

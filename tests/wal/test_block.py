@@ -10,6 +10,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,9 @@ from danube_ingest.store import TopicStore
 from danube_ingest.wal.block import (
     IDEMPOTENT_BIT,
     BlockLimits,
+    EntryBlock,
+    _alike,
+    _check_entries,
     check_block,
     encode_block,
     encode_payloads,
@@ -373,3 +377,91 @@ def test_equal_entries_broken_alike_are_refused_as_the_first_alone(
     with pytest.raises(InvalidEntryError, match=needle) as single:
         check_block(one, sizes, 30, LIMITS)
     assert "entry 17 of the batch" in str(single.value)
+
+
+def verdict(check: Callable[[], EntryBlock]) -> tuple[object, ...]:
+    """What a check made of a block: the refusal's message, or the accepted entries."""
+    try:
+        got = check()
+    except InvalidEntryError as exc:
+        return ("refused", str(exc))
+    return ("accepted", bytes(got.data), got.starts.tolist(), got.count)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    count=st.integers(1, 12),
+    payload_len=st.integers(0, 40),
+    name=st.one_of(st.text(max_size=4), st.text(min_size=60, max_size=80)),
+    key=st.one_of(st.none(), st.text(max_size=4)),
+    publish_ms=st.integers(0, 2**63 - 1),
+    where=st.sampled_from(["none", "all", "one"]),
+    at=st.integers(0, 400),
+    value=st.integers(0, 255),
+    data=st.data(),
+)
+def test_blocks_of_alike_entries_get_the_general_checks_verdict(
+    count: int,
+    payload_len: int,
+    name: str,
+    key: str | None,
+    publish_ms: int,
+    where: str,
+    at: int,
+    value: int,
+    data: st.DataObject,
+) -> None:
+    """The shortcut for blocks of equal-size entries (what ``send_many`` sends: a few
+    whole-block comparisons and the first entry's fields) accepts exactly what the
+    entry-by-entry check accepts, and refuses the rest with the same message (naming the same
+    entry), whichever byte is changed in every entry or in one."""
+    payloads = [bytes([65 + i % 26]) * payload_len for i in range(count)]
+    block, sizes = encode_payloads(
+        payloads, publish_ms=publish_ms, producer_name=name, routing_key=key
+    )
+    size = len(block) // count
+    broken = bytearray(block)
+    at %= size
+    if where == "all":
+        for i in range(count):
+            broken[i * size + at] = value
+    elif where == "one":
+        broken[data.draw(st.integers(0, count - 1)) * size + at] = value
+    table = np.frombuffer(sizes, dtype="<u4")
+    whole = verdict(lambda: check_block(bytearray(broken), sizes, count, LIMITS))
+    general = verdict(lambda: _check_entries(bytearray(broken), table, count, LIMITS))
+    assert whole == general
+
+
+def test_alike_entries_are_checked_without_the_entry_by_entry_pass() -> None:
+    """A block of alike entries is accepted by the shortcut (its entries' common size known,
+    so stamping writes strided records); a name and key that are UTF-8 together but not each
+    alone are refused as the general check refuses them."""
+    block, sizes = encode_payloads([b"x" * 30] * 40, producer_name="é", routing_key="k")
+    got = check_block(bytearray(block), sizes, 40, LIMITS)
+    size = len(block) // 40
+    assert got.row_size == size and got.starts.tolist() == list(range(0, len(block), size))
+    got.stamp(77, PID, 5)
+    assert [(e.ingest_ms, e.producer_id, e.request_id) for e in got.entries(0)] == [
+        (77, PID, 5)
+    ] * 40
+    split = bytearray(block)
+    for i in range(40):  # name b"\xc3", key b"\xa9k": the text decodes whole, not apart
+        struct.pack_into("<HH", split, i * size + 45, 1, 2)
+    with pytest.raises(InvalidEntryError, match="entry 0 of the batch: producer name is not"):
+        check_block(split, sizes, 40, LIMITS)
+
+
+@pytest.mark.parametrize("width", [8, 11, 16, 17, 63, 64, 65, 72, 73, 200])
+def test_alike_compares_every_byte_of_the_span(width: int) -> None:
+    """(The shortcut's comparison of entries' fields and text, in overlapping 8-byte words:
+    a difference in any byte of the span, in any entry, is seen; bytes outside it are not.)"""
+    count, size, start = 5, width + 20, 7
+    block = bytearray(bytes(range(size)) * count)
+    assert _alike(block, count, size, start, start + width)
+    for at in range(size):
+        for entry in (1, count - 1):
+            changed = bytearray(block)
+            changed[entry * size + at] ^= 0x40
+            inside = start <= at < start + width
+            assert _alike(changed, count, size, start, start + width) is not inside
