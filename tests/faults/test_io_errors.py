@@ -7,7 +7,8 @@ Fail-stop is required: once a write or fdatasync failed the daemon acknowledges 
 failed fdatasync the page cache no longer says what is on disk, so the WAL never syncs again
 and cuts the failed group off; docs in danube_ingest/wal/space.py). The fault is then turned
 off, the daemon killed, every segment cut back to the length last fdatasync'ed (what a power
-cut could leave: ``DANUBE_TEST_SYNC_LOG``), and the daemon restarted: publishing goes on, and
+cut could leave: ``DANUBE_TEST_SYNC_LOG``; there must be nothing to cut, the failing writer
+having cut its segment back already), and the daemon restarted: publishing goes on, and
 the history checker finds nothing acknowledged lost, no duplicate beyond the unacknowledged
 window, and contiguous offsets.
 
@@ -183,6 +184,9 @@ async def test_an_io_error_on_the_wal_fails_stop_and_recovers_after_restart(
         history.fault("restart", "after the fault was turned off, segments cut to synced")
         broker.kill()
         bytes_cut = _cut_to_synced(broker.data_dir / "wal", sync_log)
+        # The failing writer cut its segment back to what it acknowledged (fsyncgate: a
+        # restart must not find the failed group, whose pages may be clean but not on disk).
+        assert bytes_cut == 0, f"{bytes_cut} bytes past the last fdatasync left in the WAL"
         restarted = time.monotonic()
         await asyncio.to_thread(broker.start)
         await load.wait_acked(acked_faulty + 200, timeout=60)
