@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup dev test lint typecheck unit bench clean redis-server libfaketime
+.PHONY: setup dev test lint typecheck unit bench clean redis-server libfaketime gcc
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ libfaketime:
 		&& apt-get install -y -qq libfaketime >/dev/null; } \
 		|| { echo "libfaketime is needed (a fault test uses it): apt-get install libfaketime" >&2; exit 1; }
 
+## gcc (Debian's package): the I/O-error tests build their LD_PRELOAD shim (tests/faults/failio.c).
+gcc:
+	@command -v gcc >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && apt-get install -y -qq gcc >/dev/null; } \
+		|| { echo "gcc is needed (I/O-error tests build a shim): apt-get install gcc" >&2; exit 1; }
+
 ## The whole system on embedded defaults: local etcd, broker on 127.0.0.1:6650, data under ./data.
 ## Options go through ARGS, e.g. make dev ARGS="--dagster-port 3001" (danube-ingest dev --help).
 dev: setup
@@ -42,7 +48,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-unit: setup redis-server libfaketime
+unit: setup redis-server libfaketime gcc
 	$(BIN)/pytest -q -p no:cacheprovider
 
 ## The full test suite, as CI runs it: lint, type check, every test (real etcd, s3, Spark...).

@@ -1132,6 +1132,9 @@ class _FileBackend:
         self._fd = -1
         self._active = -1
         self._active_size = 0
+        # Bytes of the active segment announced durable (synced, or written with fsync
+        # "never"): what a failed write or fdatasync cuts the segment back to.
+        self._acked_size = 0
         self._thread: threading.Thread | None = None
         self._log: RegionLog | None = None
         self._read_fds: dict[int, int] = {}
@@ -1283,8 +1286,10 @@ class _FileBackend:
                             segment_path(self._dir, self._active), self._active_size
                         )
             except BaseException as exc:
+                self._cut_back_to_acknowledged(exc)
                 self._die(exc, group)
                 break
+            self._acked_size = self._active_size
             _observe_group(group)
             # Before the group is announced: what arrives from now on may be its own appenders'
             # next appends, which waited for it, and must not count as a stream.
@@ -1302,6 +1307,7 @@ class _FileBackend:
                 self._sync_log.synced(segment_path(self._dir, self._active), self._active_size)
             self._release_reserve()
             os.close(self._fd)
+            self._fd = -1
             sealed = (self._active, self._active_size)
         path = segment_path(self._dir, seq)
         spare, self._spare = self._spare, None
@@ -1314,7 +1320,7 @@ class _FileBackend:
             # acknowledged.
             fsync_dir(self._dir)
         self._active = seq
-        self._active_size = 0
+        self._active_size = self._acked_size = 0
         # Create the next segment now, off the commit path: a seal then costs no directory
         # fsync (about 2 ms here), which matters when large appends seal every few ms.
         self._spare = self._spare_pool.submit(self._precreate_next, seq + 1)
@@ -1358,6 +1364,35 @@ class _FileBackend:
             self._active_size += n
             view = view[n:]
 
+    def _cut_back_to_acknowledged(self, exc: BaseException) -> None:
+        """After a failed write or fdatasync: truncate the active segment to the bytes
+        already announced durable, so that no later process trusts what this group left.
+
+        After a failed ``fdatasync`` Linux may mark the pages clean while they keep the data
+        ("fsyncgate"): a restarted daemon would read the group back, and its own appends' syncs
+        would not write those pages, leaving acknowledged data behind bytes that never reach
+        the disk. The truncation is not synced (the log fails anyway; never retry an fsync that
+        failed): a crash before it reaches the disk leaves a tail that recovery cuts as torn.
+        """
+        if not isinstance(exc, OSError) or self._fd < 0:
+            return
+        try:
+            if os.fstat(self._fd).st_size > self._acked_size:
+                os.ftruncate(self._fd, self._acked_size)
+                log.warning(
+                    "wal segment cut back after a failed write path=%s length=%d error=%s",
+                    segment_path(self._dir, self._active),
+                    self._acked_size,
+                    exc,
+                )
+        except OSError as cut:
+            log.error(
+                "wal segment not cut back after a failed write path=%s length=%d error=%s",
+                segment_path(self._dir, self._active),
+                self._acked_size,
+                cut,
+            )
+
     def _release_reserve(self) -> None:
         """Free the blocks reserved past the data (a segment sealed early, by age, would
         otherwise keep a whole segment's worth of disk)."""
@@ -1368,10 +1403,13 @@ class _FileBackend:
 
     def _close_active(self) -> None:
         if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.fdatasync(self._fd)
-                if self._sync_log is not None:
-                    self._sync_log.synced(segment_path(self._dir, self._active), self._active_size)
+            if self._failure is None:  # never again after a failure (see _cut_back_...)
+                with contextlib.suppress(OSError):
+                    os.fdatasync(self._fd)
+                    if self._sync_log is not None:
+                        self._sync_log.synced(
+                            segment_path(self._dir, self._active), self._active_size
+                        )
             self._release_reserve()
             os.close(self._fd)
             self._fd = -1

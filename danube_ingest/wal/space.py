@@ -36,9 +36,10 @@ may hold part of a frame, and after a failed ``fdatasync`` the page cache no lon
 on disk (Linux marks the pages clean or drops them: "fsyncgate"), so neither the log's positions
 nor its offset index can be trusted past the last good sync. Continuing would mean truncating
 back to that position and rebuilding every topic's index and offsets under readers, the cache
-and the uploader that hold them; a restart does exactly that through the tested recovery path
-(torn tails truncated, unacknowledged entries dropped), and with the floor in place it only
-happens when something outside the daemon took the space.
+and the uploader that hold them. Instead the failing writer cuts the segment back to its last
+acknowledged byte (never syncing again), and a restart rebuilds everything through the tested
+recovery path (a torn tail truncated); with the floor in place it only happens when something
+outside the daemon took the space.
 """
 
 from __future__ import annotations

@@ -10,11 +10,8 @@ and after the ballast is deleted and the daemon restarted on the same disk, publ
 and the history checker finds nothing acknowledged lost, no duplicate beyond the
 unacknowledged window, and contiguous offsets.
 
-Not covered: EIO, and any error of ``fdatasync``. tmpfs allocates at write time (its fsync
-never fails), and making a real EIO needs a device-mapper ``error`` target (no
-/dev/mapper in this container) or a FUSE filesystem (/dev/fuse exists, libfuse does not).
-A failed write of another errno is covered through the same code path, without the daemon,
-by tests/wal/test_crash.py (EFBIG from RLIMIT_FSIZE)."""
+EIO on a write, and EIO or ENOSPC from ``fdatasync`` (which tmpfs never fails): an
+LD_PRELOAD shim, tests/faults/test_io_errors.py."""
 
 from __future__ import annotations
 
