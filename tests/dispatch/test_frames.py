@@ -409,3 +409,23 @@ async def read_all(reader: TopicReader, stop: int) -> list[Entry]:
     while len(out) < stop:
         out.extend(await asyncio.wait_for(reader.next_batch(), 5.0))
     return out
+
+
+async def test_a_danube_consumer_of_an_exclusive_subscription_gets_the_entries_as_appended(
+    wal_dir: Path,
+) -> None:
+    """Entries for a consumer that takes single messages are read plain: it is given the
+    entries the cache holds (those appended), not entries decoded again from stored bytes."""
+    store = await TopicStore.open(wal_dir)
+    harness = Harness(store)
+    try:
+        for sub_type in (EXCLUSIVE, FAILOVER):
+            subscription = harness.subscribe(sub_type.name, sub_type, start=None)
+            handle = subscription.attach(1, "single")
+            appended = [Entry(b"a%d" % i, producer_name="p") for i in range(5)]
+            for entry in appended:
+                await store.append(TOPIC, entry)
+            got = await take(handle, 5)
+            assert all(d.entry is entry for d, entry in zip(got, appended, strict=True))
+    finally:
+        await harness.close()
