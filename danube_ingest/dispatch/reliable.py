@@ -40,16 +40,19 @@ Guarantees of a :class:`ReliableSubscription` started at offset ``s``:
   topic's objects (object retention): the cold reader names the floor, never a silent gap.
 * **Acks** may arrive in any order and from any consumer; acks and nacks of unknown or settled
   offsets are ignored. A late ack (after the ack timeout) still settles the entry.
-* **Frames.** Exclusive and Failover subscriptions track entries as runs of consecutive offsets
-  (one per read batch, see :mod:`~danube_ingest.dispatch.runs`), and a consumer attached with
-  ``frames`` > 0 (a batch consumer) gets a run as one :class:`Frame` of at most that many
-  entries (and at most what its window has room for), acks it with :meth:`ack_range`, and costs
-  the subscription per frame, not per message. Everything above holds for frames too: a run
-  held by a consumer that leaves goes back, whole, to be delivered first (same attempt); a run
-  that is nacked or times out, or that a consumer with ``frames`` 0 (a danube-client consumer)
-  is to receive, becomes per-message state (the per-message path, with each entry's attempt)
-  for good. Shared and KeyShared stay per message (Shared's round robin is per message,
-  KeyShared routes each message by its key).
+* **Frames.** Exclusive and Failover subscriptions whose active consumer was attached with
+  ``frames`` > 0 (a batch consumer) read stored entries and track them as runs of consecutive
+  offsets (one per read batch, see :mod:`~danube_ingest.dispatch.runs`); that consumer gets a
+  run as one :class:`Frame` of at most that many entries (and at most what its window has room
+  for), acks it with :meth:`ack_range`, and costs the subscription per frame, not per message.
+  While the active consumer takes single messages (a danube-client consumer) entries are read
+  and tracked one by one, as for Shared; the subscription switches between the two between
+  reads when the active consumer changes, and what it already holds keeps its form.
+  Everything above holds for frames too: a run held by a consumer that leaves goes back,
+  whole, to be delivered first (same attempt); a run that is nacked or times out, or that a
+  consumer with ``frames`` 0 (a danube-client consumer) is to receive, becomes per-message
+  state (the per-message path, with each entry's attempt) for good. Shared and KeyShared stay
+  per message (Shared's round robin is per message, KeyShared routes each message by its key).
 
 Use one subscription from one event loop; construct it from a coroutine.
 """
@@ -223,10 +226,14 @@ class ReliableSubscription:
         )
         self._read_next = start_offset
         self._cursor = start_offset
-        # Exclusive and Failover read stored entries: a frame consumer gets their bytes and
-        # no Entry is built unless something needs one (see wal.stored).
+        # Exclusive and Failover read stored entries while their active consumer takes frames:
+        # it gets their bytes and no Entry is built unless something needs one (see wal.stored).
+        # A consumer that takes single messages is read plain (what the cache holds as Entry
+        # objects is handed on as is): stored bodies would only be cut up and decoded again,
+        # one message at a time (see ``_read_loop``, which switches between the two).
+        self._stored = False
         self._reader: TopicReader = store.create_reader(
-            topic, start_offset, max_batch=self.policy.read_batch, stored=self._frames
+            topic, start_offset, max_batch=self.policy.read_batch
         )
         self._reader_done = False
         self._can_read = asyncio.Event()
@@ -529,6 +536,8 @@ class ReliableSubscription:
         try:
             while True:
                 await self._can_read.wait()
+                if self._stored != self._frames_wanted():
+                    self._switch_reader()
                 try:
                     batch = await self._reader.next_batch()
                 except OffsetOutOfRangeError as exc:
@@ -556,13 +565,16 @@ class ReliableSubscription:
                     self._reader_done = True
                     self._can_read.clear()
                     return
-                if not self._frames:
-                    for entry in batch:
-                        message = _Message(entry, routing_key_of(entry))
-                        self._unacked[entry.offset] = message
-                        self._make_ready(message)
-                else:
+                # (The active consumer may have changed while the read waited for appends.)
+                if self._frames_wanted():
                     self._add_runs(batch)
+                else:
+                    key_shared = self._key_shared
+                    unacked = self._unacked
+                    for entry in batch:
+                        message = _Message(entry, routing_key_of(entry) if key_shared else "")
+                        unacked[entry.offset] = message
+                        self._make_ready(message)
                 self._read_next = last_offset(batch) + 1
                 self._dispatch()
         except asyncio.CancelledError:
@@ -589,10 +601,37 @@ class ReliableSubscription:
         self.stats.skipped += first_offset - self._read_next
         self._reader.close()
         self._reader = self._store.create_reader(
-            self.topic, first_offset, max_batch=self.policy.read_batch, stored=self._frames
+            self.topic, first_offset, max_batch=self.policy.read_batch, stored=self._stored
         )
         self._read_next = first_offset
         self._advance_cursor()
+
+    def _frames_wanted(self) -> bool:
+        """Whether what is read next should be read as stored entries, tracked as runs: the
+        consumer that receives it takes frames."""
+        if not self._frames:
+            return False
+        active = self._members.active()
+        return active is not None and active.frames > 0
+
+    def _switch_reader(self) -> None:
+        """Go on reading from where the reader is, with the other kind of reader (stored or
+        plain). Called between reads only, so that no entry is read twice or skipped; what was
+        read before keeps the form it is tracked in (runs or per-message state), which either
+        kind of consumer is given correctly."""
+        position = self._reader.position
+        self._reader.close()
+        self._stored = not self._stored
+        self._reader = self._store.create_reader(
+            self.topic, position, max_batch=self.policy.read_batch, stored=self._stored
+        )
+        log.debug(
+            "dispatch reader switched topic=%s subscription=%s offset=%d stored=%s",
+            self.topic,
+            self.name,
+            position,
+            self._stored,
+        )
 
     # -- dispatching ------------------------------------------------------------------------
 

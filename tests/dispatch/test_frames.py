@@ -22,7 +22,7 @@ from danube_ingest.wal import Entry
 from danube_ingest.wal.block import served_block, served_frame
 from danube_ingest.wal.stored import StoredEntries
 
-from .conftest import FAST, TOPIC, Harness, offsets, quiet, take
+from .conftest import FAST, TOPIC, Harness, offsets, quiet, settle_loop, take
 
 EXCLUSIVE = SubscriptionType.EXCLUSIVE
 FAILOVER = SubscriptionType.FAILOVER
@@ -40,6 +40,17 @@ async def take_items(
         got += sum(1 if isinstance(i, Delivery) else len(i.entries) for i in batch)
     assert got == count
     return items
+
+
+def messages(items: list[Delivery | Frame]) -> list[tuple[int, bytes]]:
+    """The offset and payload of each message in ``items``, in order."""
+    out: list[tuple[int, bytes]] = []
+    for item in items:
+        if isinstance(item, Delivery):
+            out.append((item.entry.offset, item.entry.payload))
+        else:
+            out.extend((entry.offset, entry.payload) for entry in item.entries)
+    return out
 
 
 def offsets_of(items: list[Delivery | Frame]) -> list[int]:
@@ -341,8 +352,80 @@ async def test_frames_from_segments_and_cache_are_stored_bytes_not_entries(
         await harness.close()
 
 
+async def test_failover_switching_between_danube_and_batch_consumers_loses_and_repeats_nothing(
+    wal_dir: Path,
+) -> None:
+    """The active consumer of a Failover subscription changes kind back and forth (a
+    danube-client consumer, then a batch consumer, ...), each time with entries queued in the
+    one leaving and with the subscription waiting for appends in between: the subscription
+    changes how it reads (plain entries / stored bytes) between reads, and every entry is
+    received once, in offset order, with its payload, as single messages by the one and (what
+    it reads for it) as frames by the other."""
+    store = await TopicStore.open(wal_dir, segment_bytes=16 * 1024, cache_topic_max_bytes=4096)
+    harness = Harness(store)
+    payloads: list[bytes] = []
+
+    async def publish(count: int) -> None:
+        for _ in range(count // 25):
+            batch = [Entry(b"e%d" % (len(payloads) + i), producer_name="p") for i in range(25)]
+            payloads.extend(entry.payload for entry in batch)
+            await store.append_batch(TOPIC, batch)
+
+    try:
+        await publish(200)
+        subscription = harness.subscribe("sub", FAILOVER)
+        received: list[tuple[int, bytes]] = []
+        active = subscription.attach(1, "c1")
+        for consumer_id in range(2, 8):
+            frames = 64 if active.frames == 0 else 0
+            for publish_after in (50, 25):
+                items = await take_items(active, len(payloads) - len(received))
+                if frames == 64:  # ``active`` takes single messages
+                    assert all(isinstance(item, Delivery) for item in items)
+                elif publish_after == 25:  # what was read for it: stored bytes at the end
+                    assert isinstance(items[-1], Frame)
+                    assert isinstance(items[-1].entries, StoredEntries)
+                got = messages(items)
+                received.extend(got)
+                assert subscription.ack_range(active, 0, len(received) - 1) == len(got)
+                await publish(publish_after)  # (the subscription waits for these)
+                await settle_loop()
+            # 25 entries are queued in ``active``: they go to the next consumer.
+            following = subscription.attach(consumer_id, f"c{consumer_id}", frames=frames)
+            active.close()
+            active = following
+        received.extend(messages(await take_items(active, len(payloads) - len(received))))
+        assert received == list(enumerate(payloads))
+        subscription.ack_range(active, 0, len(received) - 1)
+        assert subscription.cursor == len(payloads) == 200 + 6 * 75
+        assert subscription.stats.redelivered == 0
+        await quiet(active)
+    finally:
+        await harness.close()
+
+
 async def read_all(reader: TopicReader, stop: int) -> list[Entry]:
     out: list[Entry] = []
     while len(out) < stop:
         out.extend(await asyncio.wait_for(reader.next_batch(), 5.0))
     return out
+
+
+async def test_a_danube_consumer_of_an_exclusive_subscription_gets_the_entries_as_appended(
+    wal_dir: Path,
+) -> None:
+    """Entries for a consumer that takes single messages are read plain: it is given the
+    entries the cache holds (those appended), not entries decoded again from stored bytes."""
+    store = await TopicStore.open(wal_dir)
+    harness = Harness(store)
+    try:
+        for sub_type in (EXCLUSIVE, FAILOVER):
+            subscription = harness.subscribe(sub_type.name, sub_type, start=None)
+            handle = subscription.attach(1, "single")
+            appended = [Entry(b"a%d" % i, producer_name="p") for i in range(5)]
+            for entry in appended:
+                await store.append(TOPIC, entry)
+            got = await take(handle, 5)
+            assert all(d.entry is entry for d, entry in zip(got, appended, strict=True))
+    finally:
+        await harness.close()
