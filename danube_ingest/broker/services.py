@@ -20,6 +20,7 @@ import grpc
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
+from danube_ingest.broker.convert import message_from_entry
 from danube_ingest.broker.errors import (
     InvalidRequestError,
     LimitExceededError,
@@ -34,7 +35,7 @@ from danube_ingest.broker.names import InvalidTopicNameError
 from danube_ingest.broker.start import from_metadata
 from danube_ingest.broker.topics import TopicManager
 from danube_ingest.broker.validation import subscription_type
-from danube_ingest.dispatch import SubscriptionBusyError
+from danube_ingest.dispatch import Delivery, SubscriptionBusyError
 from danube_ingest.errors import (
     DanubeIngestError,
     DuplicateSequenceError,
@@ -253,26 +254,40 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
     ) -> AsyncIterator[Any]:
         try:
             caller = self._guard.caller(context)
-            record = await self._manager.consumer(request.consumer_id, caller.owner)
+            manager = self._manager
+            record = await manager.consumer(request.consumer_id, caller.owner)
             self._guard.authorize(caller, "consume", record.topic)
-            stream = self._manager.receive(request.consumer_id, caller.peer, caller.owner)
-            async for message in stream:
-                yield message
+            topic = record.topic
+            subscription = record.subscription or ""
+            broker_url = manager.broker_url
+            # Straight from the deliveries (no intermediate generator): this loop runs once
+            # per delivered message.
+            stream = manager.deliveries(request.consumer_id, 1, caller.peer, caller.owner)
+            async for batch in stream:
+                for delivery in batch:
+                    assert isinstance(delivery, Delivery)  # (no frames asked for)
+                    yield message_from_entry(delivery.entry, topic, subscription, broker_url)
         except Exception as exc:
             await _abort(context, exc)
             raise
 
+    def _settler(self, context: grpc.aio.ServicerContext, topic: str) -> tuple[str, str | None]:
+        """The connection and principal (``None`` with auth off) an Ack or Nack comes from,
+        after checking the consume permission on ``topic``. With auth off no ``Caller`` is
+        built: these run once per delivered message."""
+        guard = self._guard
+        if not guard.enabled:
+            return context.peer(), None
+        caller = guard.caller(context)
+        guard.authorize(caller, "consume", topic)
+        return caller.peer, caller.owner
+
     async def Ack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            caller = self._guard.caller(context)
-            self._guard.authorize(caller, "consume", request.msg_id.topic_name)
-            self._manager.ack(
-                request.msg_id.topic_name,
-                request.subscription_name,
-                request.msg_id.topic_offset,
-                caller.peer,
-                caller.owner,
-            )
+            msg_id = request.msg_id
+            topic = msg_id.topic_name
+            peer, owner = self._settler(context, topic)
+            self._manager.ack(topic, request.subscription_name, msg_id.topic_offset, peer, owner)
         except Exception as exc:
             await _abort(context, exc)
             raise
@@ -280,16 +295,15 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
 
     async def Nack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            caller = self._guard.caller(context)
-            self._guard.authorize(caller, "consume", request.msg_id.topic_name)
+            peer, owner = self._settler(context, request.msg_id.topic_name)
             self._manager.nack(
                 request.msg_id.topic_name,
                 request.subscription_name,
                 request.msg_id.topic_offset,
                 request.delay_ms,
                 request.reason,
-                caller.peer,
-                caller.owner,
+                peer,
+                owner,
             )
         except Exception as exc:
             await _abort(context, exc)

@@ -38,11 +38,11 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from danube_ingest.broker.convert import entry_from_message, message_from_entry
+from danube_ingest.broker.convert import entry_from_message
 from danube_ingest.broker.errors import (
     InvalidRequestError,
     LimitExceededError,
@@ -1014,19 +1014,6 @@ class TopicManager:
             )
         sub = await self._subscription(runtime, sub_record)
         return sub.attach(record.client_id, record.name, list(record.key_filters), frames=frames)
-
-    async def receive(
-        self, consumer_id: int, peer: str | None = None, owner: str | None = None
-    ) -> AsyncIterator[Any]:
-        """The stream of StreamMessages for a consumer (see ``deliveries``)."""
-        record = await self.consumer(consumer_id, owner)
-        subscription = record.subscription or ""
-        async for batch in self.deliveries(consumer_id, 1, peer, owner):
-            for delivery in batch:
-                assert isinstance(delivery, Delivery)  # (no frames asked for)
-                yield message_from_entry(
-                    delivery.entry, record.topic, subscription, self.broker_url
-                )
 
     async def deliveries(
         self,
