@@ -43,6 +43,7 @@ from danube_ingest.metadata.manifest import Manifest, ObjectRange
 from danube_ingest.testing import BrokerProcess, History, Report, message_id
 from danube_ingest.testing_history import Write
 from danube_ingest.wal.framing import Entry
+from danube_ingest.wal.synclog import read_synced
 from tests.broker.support import metadata
 from tests.broker.test_both_clients import create_topic
 
@@ -377,6 +378,60 @@ def acked_count(history: History, topic: str) -> int:
             if isinstance(e, Write) and e.topic == topic and e.acked
         }
     )
+
+
+async def stalled(load: Load, quiet: float, fault: str, timeout: float = 30.0) -> int:
+    """Wait until ``load`` got no acknowledgement for ``quiet`` seconds (while ``fault``, e.g.
+    "a full disk", is on); its acked count."""
+    deadline = time.monotonic() + timeout
+    seen, since = load.acked, time.monotonic()
+    while time.monotonic() - since < quiet:
+        assert time.monotonic() < deadline, f"still acknowledging after {timeout}s of {fault}"
+        await asyncio.sleep(0.1)
+        if load.acked != seen:
+            seen, since = load.acked, time.monotonic()
+    return seen
+
+
+async def read_after_restart(
+    kind: Kind, url: str, topic: str, history: History, before: Reader
+) -> None:
+    """Read everything on ``audit``, then on ``live`` with a new consumer whatever ``before``
+    (the live consumer until the restart) was not delivered."""
+    audit = Reader(kind, url, topic, "audit", history, name="audit")
+    await audit.start()
+    try:
+        with contextlib.suppress(AssertionError):  # the checker names what is missing
+            await audit.wait_count(acked_count(history, topic), timeout=60)
+        await audit.settle(quiet=0.5)
+    finally:
+        await audit.close()
+    live = Reader(kind, url, topic, "live", history, name="c2")
+    await live.start()
+    try:
+        with contextlib.suppress(AssertionError):
+            await live.wait_for(audit.offsets - before.offsets, timeout=60)
+        await live.settle(quiet=0.5)
+    finally:
+        await live.close()
+
+
+def cut_unsynced(wal_dir: Path, sync_log: Path, rng: random.Random | None = None) -> int:
+    """Cut every segment under ``wal_dir`` back from its size, as a power cut could: without
+    ``rng`` exactly to its last synced length (a segment never synced: 0); with it, half the
+    time to that length, else anywhere in the unsynced bytes (a torn tail). Returns how many
+    bytes were cut."""
+    synced = read_synced(sync_log) if sync_log.exists() else {}
+    cut = 0
+    for segment in wal_dir.rglob("*.wal"):
+        size = segment.stat().st_size
+        keep = synced.get(segment, 0)
+        if rng is not None and size > keep and rng.random() < 0.5:
+            keep = rng.randrange(keep, size)
+        if size > keep:
+            os.truncate(segment, keep)
+            cut += size - keep
+    return cut
 
 
 def record(scenario: str, kind: str, report: Report, **figures: Any) -> None:

@@ -16,7 +16,6 @@ LD_PRELOAD shim, tests/faults/test_io_errors.py."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +31,7 @@ from danube_ingest.testing import (
 )
 from tests.broker.support import stop_all
 
-from .harness import KINDS, Kind, Load, Reader, acked_count, record, start_workload
+from .harness import KINDS, Kind, read_after_restart, record, stalled, start_workload
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
 
@@ -47,39 +46,6 @@ QUIET = 2.0
 def disk(tmp_path: Path) -> Iterator[Path]:
     with small_filesystem(tmp_path / "disk", 24 * MiB) as path:
         yield path
-
-
-async def _stalled(load: Load, quiet: float, timeout: float = 30.0) -> int:
-    """Wait until ``load`` got no acknowledgement for ``quiet`` seconds; its acked count."""
-    deadline = time.monotonic() + timeout
-    seen, since = load.acked, time.monotonic()
-    while time.monotonic() - since < quiet:
-        assert time.monotonic() < deadline, f"still acknowledging after {timeout}s of a full disk"
-        await asyncio.sleep(0.1)
-        if load.acked != seen:
-            seen, since = load.acked, time.monotonic()
-    return seen
-
-
-async def _read_after_restart(kind: Kind, url: str, history: History, before: Reader) -> None:
-    """Read everything on ``audit``, then on ``live`` with a new consumer whatever ``before``
-    (the live consumer until the restart) was not delivered."""
-    audit = Reader(kind, url, TOPIC, "audit", history, name="audit")
-    await audit.start()
-    try:
-        with contextlib.suppress(AssertionError):  # the checker names what is missing
-            await audit.wait_count(acked_count(history, TOPIC), timeout=60)
-        await audit.settle(quiet=0.5)
-    finally:
-        await audit.close()
-    live = Reader(kind, url, TOPIC, "live", history, name="c2")
-    await live.start()
-    try:
-        with contextlib.suppress(AssertionError):
-            await live.wait_for(audit.offsets - before.offsets, timeout=60)
-        await live.settle(quiet=0.5)
-    finally:
-        await live.close()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -103,7 +69,7 @@ async def test_enospc_on_write_fails_stop_and_recovers_after_restart(
         ballast = disk / "ballast"
         history.fault("enospc", "ballast fills the disk")
         fill_filesystem(ballast, leave=0)
-        acked_full = await _stalled(load, QUIET)
+        acked_full = await stalled(load, QUIET, "a full disk")
         assert "wal failed" in broker.log_text(), "the disk filled but no WAL write failed"
         assert "No space left on device" in broker.log_text()
         ballast.unlink()
@@ -117,7 +83,7 @@ async def test_enospc_on_write_fails_stop_and_recovers_after_restart(
         await load.wait_acked(acked_full + 200, timeout=60)
         recovered = time.monotonic() - restarted
         await load.stop()
-        await _read_after_restart(kind, broker.url, history, live)
+        await read_after_restart(kind, broker.url, TOPIC, history, live)
     finally:
         await stop_all([broker])
     report = assert_history_ok(history, subscriptions=[(TOPIC, "live"), (TOPIC, "audit")])

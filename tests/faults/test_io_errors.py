@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import os
 import time
 from pathlib import Path
 
@@ -29,12 +28,23 @@ from danube import DispatchStrategy, ProducerOptions
 
 from danube_ingest.client import Producer, PublishError
 from danube_ingest.testing import History, assert_history_ok, message_id
-from danube_ingest.wal.synclog import ENV, read_synced
+from danube_ingest.wal.synclog import ENV
 from tests.broker.test_both_clients import create_topic
 
 from .conftest import BrokerFactory
 from .failio import SYNC, WRITE, FailIO, build_failio
-from .harness import KINDS, Kind, Load, Reader, _close_danube, _danube_client, acked_count, record
+from .harness import (
+    KINDS,
+    Kind,
+    Load,
+    Reader,
+    _close_danube,
+    _danube_client,
+    cut_unsynced,
+    read_after_restart,
+    record,
+    stalled,
+)
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
 
@@ -54,18 +64,6 @@ FAULTS = [
 @pytest.fixture(scope="module")
 def failio_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_failio(tmp_path_factory.mktemp("failio"))
-
-
-async def _stalled(load: Load, quiet: float, timeout: float = 30.0) -> int:
-    """Wait until ``load`` got no acknowledgement for ``quiet`` seconds; its acked count."""
-    deadline = time.monotonic() + timeout
-    seen, since = load.acked, time.monotonic()
-    while time.monotonic() - since < quiet:
-        assert time.monotonic() < deadline, f"still acknowledging after {timeout}s of the fault"
-        await asyncio.sleep(0.1)
-        if load.acked != seen:
-            seen, since = load.acked, time.monotonic()
-    return seen
 
 
 async def _refusal(kind: Kind, url: str, history: History) -> str:
@@ -98,40 +96,6 @@ async def _refusal(kind: Kind, url: str, history: History) -> str:
         return repr(refused.value)
     finally:
         await _close_danube(client)
-
-
-def _cut_to_synced(wal_dir: Path, sync_log: Path) -> int:
-    """Cut every segment back to its last fdatasync'ed length (never synced: 0), as a power
-    cut could; the bytes cut."""
-    synced = read_synced(sync_log) if sync_log.exists() else {}
-    cut = 0
-    for segment in wal_dir.rglob("*.wal"):
-        size, keep = segment.stat().st_size, synced.get(segment, 0)
-        if size > keep:
-            os.truncate(segment, keep)
-            cut += size - keep
-    return cut
-
-
-async def _read_after_restart(kind: Kind, url: str, history: History, before: Reader) -> None:
-    """Read everything on ``audit``, then on ``live`` with a new consumer whatever ``before``
-    (the live consumer until the restart) was not delivered."""
-    audit = Reader(kind, url, TOPIC, "audit", history, name="audit")
-    await audit.start()
-    try:
-        with contextlib.suppress(AssertionError):  # the checker names what is missing
-            await audit.wait_count(acked_count(history, TOPIC), timeout=60)
-        await audit.settle(quiet=0.5)
-    finally:
-        await audit.close()
-    live = Reader(kind, url, TOPIC, "live", history, name="c2")
-    await live.start()
-    try:
-        with contextlib.suppress(AssertionError):
-            await live.wait_for(audit.offsets - before.offsets, timeout=60)
-        await live.settle(quiet=0.5)
-    finally:
-        await live.close()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -169,7 +133,7 @@ async def test_an_io_error_on_the_wal_fails_stop_and_recovers_after_restart(
         await load.wait_acked(200)
         history.fault(scenario, "failio on")
         fault.on()
-        acked_faulty = await _stalled(load, QUIET)
+        acked_faulty = await stalled(load, QUIET, "the fault")
         refusal = await _refusal(kind, broker.url, history)
         assert message in refusal, f"the refusal does not name the error: {refusal}"
         if kind == "batch":
@@ -183,7 +147,7 @@ async def test_an_io_error_on_the_wal_fails_stop_and_recovers_after_restart(
         await live.close()
         history.fault("restart", "after the fault was turned off, segments cut to synced")
         broker.kill()
-        bytes_cut = _cut_to_synced(broker.data_dir / "wal", sync_log)
+        bytes_cut = cut_unsynced(broker.data_dir / "wal", sync_log)
         # The failing writer cut its segment back to what it acknowledged (fsyncgate: a
         # restart must not find the failed group, whose pages may be clean but not on disk).
         assert bytes_cut == 0, f"{bytes_cut} bytes past the last fdatasync left in the WAL"
@@ -193,7 +157,7 @@ async def test_an_io_error_on_the_wal_fails_stop_and_recovers_after_restart(
         recovered = time.monotonic() - restarted
         stopped = True
         await load.stop()
-        await _read_after_restart(kind, broker.url, history, live)
+        await read_after_restart(kind, broker.url, TOPIC, history, live)
     finally:
         if not stopped:  # a failed test: end the load's task too
             with contextlib.suppress(Exception):

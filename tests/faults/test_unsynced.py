@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from danube_ingest.testing import History, assert_history_ok
-from danube_ingest.wal.synclog import ENV, read_synced
+from danube_ingest.wal.synclog import ENV
 
 from .conftest import BrokerFactory
 from .harness import (
     KILLED_KINDS,
     Kind,
+    cut_unsynced,
     kill_cycles,
     read_all,
     record,
@@ -33,23 +34,6 @@ pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
 
 TOPIC = "/default/unsynced"
 CYCLES = int(os.environ.get("DANUBE_FAULT_UNSYNCED_CYCLES", "8"))
-
-
-def cut_unsynced(wal_dir: Path, sync_log: Path, rng: random.Random) -> int:
-    """Cut every segment under ``wal_dir`` to a random length from its last synced length (a
-    segment never synced: 0) to its size: half the time exactly to the synced length, else
-    anywhere in the unsynced bytes (a torn tail). Returns how many bytes were cut."""
-    synced = read_synced(sync_log) if sync_log.exists() else {}
-    cut = 0
-    for segment in wal_dir.rglob("*.wal"):
-        size = segment.stat().st_size
-        keep = synced.get(segment, 0)
-        if size > keep and rng.random() < 0.5:
-            keep = rng.randrange(keep, size)
-        if size > keep:
-            os.truncate(segment, keep)
-            cut += size - keep
-    return cut
 
 
 @pytest.mark.parametrize("kind", KILLED_KINDS)
