@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from danube import (
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
+from danube_ingest.broker.server import Broker
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.metadata.records import Records
 from danube_ingest.testing import BrokerProcess
@@ -193,6 +195,27 @@ async def eventually(condition: Callable[[], bool], what: str, timeout: float = 
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.05)
+
+
+async def take_over(
+    first: Broker, second: Broker, etcd_server: str, prefix: str, topic: str
+) -> str:
+    """Make in-process broker ``second`` the owner of ``topic`` as after ``first`` was paused
+    past its lease (its owner key deleted; waits until ``first`` noticed). Returns the URL
+    ``second``'s lookup answers, after asserting it serves the topic itself."""
+    assert first.manager is not None and second.manager is not None
+    kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+    try:
+        await kv.delete(Keys(prefix).topic_owner(topic))
+    finally:
+        await kv.close()
+    deadline = time.monotonic() + 5
+    while first.manager.owns(topic):
+        assert time.monotonic() < deadline, "the first broker never noticed the loss"
+        await asyncio.sleep(0.02)
+    local, url = await second.manager.lookup(topic)
+    assert local
+    return url
 
 
 def offsets(messages: Iterable[Any]) -> list[int]:

@@ -19,11 +19,9 @@ from danube import DanubeClientBuilder, DispatchStrategy, ProducerOptions
 from danube.proto import DanubeApi_pb2 as pb
 
 from danube_ingest.broker.forward import FORWARDED_HEADER
-from danube_ingest.broker.server import Broker
-from danube_ingest.metadata import EtcdKV, Keys
 
 from .conftest import BrokerFactory
-from .support import raw_stubs, rpc_error
+from .support import raw_stubs, rpc_error, take_over
 
 pytestmark = [pytest.mark.etcd]
 
@@ -33,22 +31,6 @@ T = "/default/moved"
 RETRY_BUDGET = {"max_retries": 300, "base_backoff_ms": 100, "max_backoff_ms": 200}
 #: How soon after the takeover the producer must be acknowledged again (seconds).
 MOVED_WITHIN = 5.0
-
-
-async def _take_over(first: Broker, second: Broker, etcd_server: str, prefix: str) -> None:
-    """Make ``second`` the owner of ``T`` as after ``first`` was paused past its lease."""
-    assert first.manager is not None and second.manager is not None
-    kv = await EtcdKV.connect([etcd_server], timeout=5.0)
-    try:
-        await kv.delete(Keys(prefix).topic_owner(T))
-    finally:
-        await kv.close()
-    deadline = time.monotonic() + 5
-    while first.manager.owns(T):
-        assert time.monotonic() < deadline, "the first broker never noticed the loss"
-        await asyncio.sleep(0.02)
-    local, url = await second.manager.lookup(T)
-    assert local and url == second.url
 
 
 @pytest.mark.timeout(60)
@@ -73,7 +55,7 @@ async def test_a_producer_of_the_fenced_owner_is_acknowledged_by_the_new_owner_a
             await producer.send(f"a{i}".encode(), {})
         assert first.store.next_offset(T) == 10
 
-        await _take_over(first, second, etcd_server, etcd_prefix)
+        assert await take_over(first, second, etcd_server, etcd_prefix, T) == second.url
         on_second = second.store.next_offset(T)
         started = time.monotonic()
         async with asyncio.timeout(MOVED_WITHIN):
@@ -107,7 +89,7 @@ async def test_a_forwarded_publish_is_not_forwarded_again(
                 dispatch_strategy=pb.Reliable,
             )
         )
-        await _take_over(first, second, etcd_server, etcd_prefix)
+        assert await take_over(first, second, etcd_server, etcd_prefix, T) == second.url
         message = pb.StreamMessage(
             request_id=7,
             msg_id=pb.MsgID(producer_id=created.producer_id, topic_name=T),

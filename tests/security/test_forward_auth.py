@@ -3,8 +3,6 @@ the owner authenticates and authorizes the same principal (auth on, plain loopba
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import grpc
@@ -12,9 +10,8 @@ import pytest
 from danube.proto import DanubeApi_pb2 as pb
 
 from danube_ingest.config import BrokerConfig
-from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.testing import broker_config, running_broker
-from tests.broker.support import producer_request, raw_stubs, rpc_error
+from tests.broker.support import producer_request, raw_stubs, rpc_error, take_over
 
 from .conftest import Signing, auth_overrides, bearer
 
@@ -46,16 +43,7 @@ async def test_a_forwarded_publish_is_authenticated_by_the_owner_as_its_caller(
         alice = bearer(signing.token("alice"))
         created = await raw.producers.CreateProducer(producer_request(T), metadata=alice)
         # The first broker loses the topic as a paused owner does; the second takes it over.
-        kv = await EtcdKV.connect([etcd_server], timeout=5.0)
-        try:
-            await kv.delete(Keys(etcd_prefix).topic_owner(T))
-        finally:
-            await kv.close()
-        deadline = time.monotonic() + 5
-        while first.manager.owns(T):
-            assert time.monotonic() < deadline, "the first broker never noticed the loss"
-            await asyncio.sleep(0.02)
-        assert (await second.manager.lookup(T))[0]
+        await take_over(first, second, etcd_server, etcd_prefix, T)
         message = pb.StreamMessage(
             request_id=3, msg_id=pb.MsgID(producer_id=created.producer_id, topic_name=T)
         )
