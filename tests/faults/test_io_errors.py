@@ -29,21 +29,19 @@ from danube import DispatchStrategy, ProducerOptions
 from danube_ingest.client import Producer, PublishError
 from danube_ingest.testing import History, assert_history_ok, message_id
 from danube_ingest.wal.synclog import ENV
-from tests.broker.test_both_clients import create_topic
 
 from .conftest import BrokerFactory
 from .failio import SYNC, WRITE, FailIO, build_failio
 from .harness import (
     KINDS,
     Kind,
-    Load,
-    Reader,
     _close_danube,
     _danube_client,
     cut_unsynced,
     read_after_restart,
     record,
     stalled,
+    start_workload,
 )
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
@@ -120,16 +118,9 @@ async def test_an_io_error_on_the_wal_fails_stop_and_recovers_after_restart(
         monkeypatch.setenv(name, value)  # inherited by the daemon (and its warm spare)
     started = time.monotonic()
     await asyncio.to_thread(broker.start)
-    await create_topic(broker.url, TOPIC)
-    audit = Reader(kind, broker.url, TOPIC, "audit", history, name="audit")
-    await audit.start()
-    await audit.close()
-    live = Reader(kind, broker.url, TOPIC, "live", history)
-    await live.start()
-    load = Load(kind, broker.url, TOPIC, history, "p1")
+    live, load = await start_workload(kind, broker.url, TOPIC, history)
     stopped = False
     try:
-        await load.start()
         await load.wait_acked(200)
         history.fault(scenario, "failio on")
         fault.on()

@@ -59,7 +59,7 @@ from tests.broker.support import stop_all
 from tests.broker.test_both_clients import create_topic
 
 from .conftest import BrokerFactory
-from .harness import Kind, Load, Reader, acked_count, read_all, record
+from .harness import Kind, Load, acked_count, read_all, record, start_workload
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
 
@@ -178,14 +178,7 @@ async def test_rotation_killed_and_rerun_loses_and_leaves_nothing(
     try:
         first = brokers(storage=storage)
         await asyncio.to_thread(first.start)
-        await create_topic(first.url, ROTATED)
-        audit = Reader(kind, first.url, ROTATED, "audit", history, name="audit")
-        await audit.start()
-        await audit.close()
-        live = Reader(kind, first.url, ROTATED, "live", history)
-        await live.start()
-        load = Load(kind, first.url, ROTATED, history, "p1")
-        await load.start()
+        live, load = await start_workload(kind, first.url, ROTATED, history)
         try:
             ranges = await _ranges_at_least(kv, keys, ROTATED, 10)
             command = [sys.executable, "-c", _ROTATE, etcd_server, etcd_prefix, str(root)]
