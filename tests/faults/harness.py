@@ -65,6 +65,11 @@ RETRY_BUDGET = {"max_retries": 300, "base_backoff_ms": 100, "max_backoff_ms": 20
 BATCH_WINDOW = 200
 
 
+#: Debian's libfaketime (``make libfaketime``), preloaded into a daemon whose wall clock a
+#: test moves or speeds up.
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+
 async def _danube_client(url: str) -> Any:
     return await DanubeClientBuilder().service_url(url).build()
 

@@ -24,12 +24,11 @@ from danube_ingest.testing import History, assert_history_ok, manifest_spans
 from danube_ingest.testing_history import Delivery
 
 from .conftest import BrokerFactory
-from .harness import Kind, manifest_ranges, read_all, record, start_workload
+from .harness import LIBFAKETIME, Kind, manifest_ranges, read_all, record, start_workload
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
 
 TOPIC = "/default/clockjump"
-LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 #: Steps of the daemon's wall clock relative to real time (libfaketime offsets).
 STEPS = ("+3d", "+0")
 

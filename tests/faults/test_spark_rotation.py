@@ -59,12 +59,11 @@ from tests.broker.support import stop_all
 from tests.broker.test_both_clients import create_topic
 
 from .conftest import BrokerFactory
-from .harness import Kind, Load, acked_count, read_all, record, start_workload
+from .harness import LIBFAKETIME, Kind, Load, acked_count, read_all, record, start_workload
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow, pytest.mark.etcd]
 
 ROOT = Path(__file__).resolve().parents[2]
-LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 ROTATED = "/default/rotated"
 CONVERTED = "/default/converted"
 #: Seconds one child (a rotation, a conversion job with its JVM) may take on a loaded machine.
