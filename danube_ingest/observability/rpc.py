@@ -69,8 +69,6 @@ def _recorder(method: str) -> Callable[[str, float], None]:
 
 def _unary_response(behavior: _Behavior, method: str) -> _Behavior:
     record = _recorder(method)
-    if inspect.iscoroutinefunction(behavior):
-        return _coroutine_response(behavior, record)
 
     async def timed(request: Any, context: grpc.aio.ServicerContext) -> Any:
         started = time.monotonic()
@@ -86,27 +84,6 @@ def _unary_response(behavior: _Behavior, method: str) -> _Behavior:
             raise
         finally:
             record(code, time.monotonic() - started)
-
-    return timed
-
-
-def _coroutine_response(behavior: _Behavior, record: Callable[[str, float], None]) -> _Behavior:
-    """:func:`_unary_response` for an ``async def`` handler (every servicer of ours): no
-    per-call test of what the handler returned."""
-    clock = time.monotonic
-
-    async def timed(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        started = clock()
-        code = "OK"
-        try:
-            result = await behavior(request, context)
-            code = _status(context, "OK")
-            return result
-        except BaseException as exc:
-            code = _failed(exc, context)
-            raise
-        finally:
-            record(code, clock() - started)
 
     return timed
 
