@@ -232,9 +232,7 @@ class ReliableSubscription:
         # objects is handed on as is): stored bodies would only be cut up and decoded again,
         # one message at a time (see ``_read_loop``, which switches between the two).
         self._stored = False
-        self._reader: TopicReader = store.create_reader(
-            topic, start_offset, max_batch=self.policy.read_batch
-        )
+        self._reader: TopicReader = self._new_reader(start_offset)
         self._reader_done = False
         self._can_read = asyncio.Event()
         self._timer: Timer | None = None
@@ -600,11 +598,15 @@ class ReliableSubscription:
         )
         self.stats.skipped += first_offset - self._read_next
         self._reader.close()
-        self._reader = self._store.create_reader(
-            self.topic, first_offset, max_batch=self.policy.read_batch, stored=self._stored
-        )
+        self._reader = self._new_reader(first_offset)
         self._read_next = first_offset
         self._advance_cursor()
+
+    def _new_reader(self, offset: int) -> TopicReader:
+        """A reader of the topic from ``offset``, of the kind ``_stored`` says."""
+        return self._store.create_reader(
+            self.topic, offset, max_batch=self.policy.read_batch, stored=self._stored
+        )
 
     def _frames_wanted(self) -> bool:
         """Whether what is read next should be read as stored entries, tracked as runs: the
@@ -622,9 +624,7 @@ class ReliableSubscription:
         position = self._reader.position
         self._reader.close()
         self._stored = not self._stored
-        self._reader = self._store.create_reader(
-            self.topic, position, max_batch=self.policy.read_batch, stored=self._stored
-        )
+        self._reader = self._new_reader(position)
         log.debug(
             "dispatch reader switched topic=%s subscription=%s offset=%d stored=%s",
             self.topic,
