@@ -448,7 +448,7 @@ class Broker:
             prune_consumed=storage.mode == "wal_cloud",
             interval=float(storage.wal.retention.check_seconds),
         )
-        store.on_full = self.cleaner.wake
+        store.on_pressure = self.cleaner.wake
         if self.uploader is not None:
             self.uploader.on_uploaded(self.cleaner.wake)
             self.uploader.start()

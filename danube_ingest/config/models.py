@@ -179,8 +179,10 @@ class RetentionConfig(_Section):
         default=1 * GiB,
         gt=0,
         description=(
-            "Most bytes of WAL on disk, all regions together. When it is full, publishes fail "
-            "with a retriable backpressure error until uploads and pruning free space."
+            "Most bytes of WAL on disk, all regions together. Where pruning is allowed, the "
+            "cleaner prunes from four segments below it (a quarter of it at most), so that "
+            "publishes seldom find it full; when it is full, publishes fail with a retriable "
+            "backpressure error until uploads and pruning free space."
         ),
     )
     min_free_bytes: _Bytes = Field(

@@ -16,7 +16,9 @@ offsets stay one contiguous run):
    watermark for a topic without subscriptions.
 
 Condition 3 is waived (never 1 or 2) for data older than ``retention.max_minutes``, while the
-WAL holds more than ``retention.max_bytes`` and while the WAL's filesystem has less than
+WAL holds more than its prune level (:func:`~danube_ingest.wal.space.prune_level`: four segments
+below ``retention.max_bytes``, so that the WAL is pruned before publishes find it full; the
+store wakes the cleaner when it grows past that level) and while the WAL's filesystem has less than
 ``retention.min_free_bytes`` free (measured again before each deletion, see
 :mod:`danube_ingest.wal.space`): a subscription that far behind then reads from objects.
 
@@ -43,6 +45,7 @@ from danube_ingest.metadata.marks import PruneMarks, subscription_cursors
 from danube_ingest.store.topic_store import TopicStore
 from danube_ingest.wal.log import RegionLog
 from danube_ingest.wal.meta import SegSpan, TopicMeta
+from danube_ingest.wal.space import prune_level
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,7 @@ class WalCleaner(BackgroundLoop):
         self._require_upload = require_upload
         self._prune_consumed = prune_consumed
         self._interval = interval
+        self._prune_above = prune_level(retention.max_bytes, store.segment_bytes)
         self._clock = clock
         self._wakeup = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -150,7 +154,7 @@ class WalCleaner(BackgroundLoop):
                 self.stats.blocked_by = f"{region.region}/{seq}: retention.min_bytes"
                 break
             forced = (
-                total > retention.max_bytes
+                total > self._prune_above
                 or (
                     retention.max_minutes is not None
                     and age_ms is not None
@@ -174,7 +178,7 @@ class WalCleaner(BackgroundLoop):
                 if blocked is not None:
                     self.stats.blocked_by = f"{region.region}/{seq}: {blocked}"
                     break
-            region.delete_segment(seq)
+            await region.delete_segment(seq)
             deleted.append((region.region, seq))
             self.stats.segments += 1
             self.stats.bytes += size

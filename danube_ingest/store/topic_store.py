@@ -15,7 +15,10 @@ Guarantees:
   duplicate; without one it raises ``OffsetOutOfRangeError``, as it does below the retained
   floor of the topic's objects (object retention removed those ranges), naming that floor.
 * With ``max_wal_bytes`` set, appends fail with ``WalBackpressureError`` (retriable) while the
-  regions hold more than that many bytes of segments, until the cleaner frees space.
+  regions hold more than that many bytes of segments, until the cleaner frees space. The store
+  calls ``on_pressure`` (the broker wakes its cleaner) as soon as they hold more than
+  ``prune_wal_bytes`` (:func:`~danube_ingest.wal.space.prune_level`, a few segments less),
+  so that the cleaner makes room before appends find the WAL full.
 * With ``min_free_bytes`` set, appends fail with ``WalBackpressureError`` (retriable) before
   they could leave less than that many bytes free on the WAL's filesystem, and succeed again,
   without a restart, once space is freed by anyone: as soon as a quarter of the floor is free
@@ -48,6 +51,7 @@ from danube_ingest.wal.block import EntryBlock
 from danube_ingest.wal.framing import Entry, Kind, batch_header, decode_frame, decode_messages
 from danube_ingest.wal.log import (
     DEFAULT_LINGER_US,
+    DEFAULT_SEGMENT_BYTES,
     FsyncMode,
     Group,
     RegionLog,
@@ -62,7 +66,7 @@ from danube_ingest.wal.meta import (
     write_atomic,
 )
 from danube_ingest.wal.segment import segment_path
-from danube_ingest.wal.space import DiskFree, disk_free
+from danube_ingest.wal.space import DiskFree, disk_free, prune_level
 from danube_ingest.wal.stored import StoredEntries, last_offset, offset_at
 
 if TYPE_CHECKING:
@@ -150,6 +154,7 @@ class TopicStore:
         cache: WALCache,
         *,
         max_wal_bytes: int | None = None,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         wal_dir: Path | None = None,
         min_free_bytes: int = 0,
         free_space: DiskFree = disk_free,
@@ -158,8 +163,14 @@ class TopicStore:
         self._cache = cache
         self._cloud: CloudReader | None = None
         self._max_wal_bytes = max_wal_bytes
+        self.segment_bytes = segment_bytes
+        #: Above this many bytes of WAL the cleaner prunes as over ``max_wal_bytes``.
+        self.prune_wal_bytes = (
+            None if max_wal_bytes is None else prune_level(max_wal_bytes, segment_bytes)
+        )
         self._full = False
         self._over_max = False
+        self._over_prune = False
         #: The free-space floor, on ``wal_dir``'s filesystem (0 or no dir: not watched).
         self._wal_dir = wal_dir
         self._min_free = min_free_bytes if wal_dir is not None else 0
@@ -170,8 +181,9 @@ class TopicStore:
         self._disk_low = False
         self._free_measured = -1
         self._disk_timer: asyncio.TimerHandle | None = None
-        #: Called when the WAL reaches its size limit (the broker wakes its cleaner with it).
-        self.on_full: Callable[[], None] | None = None
+        #: Called when the WAL grows past ``prune_wal_bytes`` and when appends begin to be
+        #: refused (the broker wakes its cleaner with it).
+        self.on_pressure: Callable[[], None] | None = None
         self._topic_region: dict[str, RegionLog] = {}
         for region in regions:
             for topic in region.topics():
@@ -193,7 +205,7 @@ class TopicStore:
         fsync_interval_ms: int = 0,
         linger_us: int = DEFAULT_LINGER_US,
         max_batch_bytes: int = 4 * 1024 * 1024,
-        segment_bytes: int = 8 * 1024 * 1024,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         segment_seconds: float = 10.0,
         index_interval: int = 64 * 1024,
         max_entry_bytes: int = 64 * 1024 * 1024,
@@ -231,6 +243,7 @@ class TopicStore:
             logs,
             WALCache(cache_max_bytes, cache_topic_max_bytes),
             max_wal_bytes=max_wal_bytes,
+            segment_bytes=segment_bytes,
             wal_dir=None if wal_dir is None else Path(wal_dir),
             min_free_bytes=min_free_bytes,
             free_space=free_space,
@@ -331,9 +344,16 @@ class TopicStore:
     def refresh_backpressure(self) -> bool:
         """Re-evaluate the WAL size limit (after every group commit, and by the cleaner) and,
         while appends are refused for want of disk space or when called by the cleaner, the
-        free space; call ``on_full`` when the WAL has just become full."""
-        limit = self._max_wal_bytes
-        self._over_max = limit is not None and self.wal_bytes() > limit
+        free space; call ``on_pressure`` when the WAL has just grown past its prune level or
+        become full."""
+        limit, level = self._max_wal_bytes, self.prune_wal_bytes
+        if limit is not None and level is not None:
+            total = self.wal_bytes()
+            self._over_max = total > limit
+            over_prune = total > level
+            if over_prune and not self._over_prune and self.on_pressure is not None:
+                self.on_pressure()
+            self._over_prune = over_prune
         if self._min_free > 0 and self._disk_low:
             self._measure_disk()
         return self._update_full()
@@ -349,8 +369,8 @@ class TopicStore:
 
     def _update_full(self) -> bool:
         full = self._over_max or self._disk_low
-        if full and not self._full and self.on_full is not None:
-            self.on_full()
+        if full and not self._full and self.on_pressure is not None:
+            self.on_pressure()
         self._full = full
         return full
 

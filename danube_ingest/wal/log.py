@@ -88,6 +88,8 @@ FsyncMode = Literal["always", "never"]
 #: bytes: small enough that a catch-up reader decodes little it does not need, large enough
 #: that the per-frame CRC and header cost nothing.
 FRAME_TARGET_BYTES = 1024 * 1024
+#: Default size at which the active segment is sealed (``storage.wal.segment_bytes``).
+DEFAULT_SEGMENT_BYTES = 8 * 1024 * 1024
 #: Seals closer together than this share one snapshot: a snapshot only bounds how much
 #: recovery scans, and under a fast stream of large appends (a seal every few milliseconds)
 #: one per seal would compete with the log itself for fsyncs.
@@ -264,7 +266,7 @@ class _Backend(Protocol):
     def submit(self, chunk: _Chunk) -> None: ...
     async def read(self, seq: int, start: int, size: int) -> bytes: ...
     async def close(self) -> None: ...
-    def delete(self, seq: int) -> None: ...
+    async def delete(self, seq: int) -> None: ...
 
 
 class RegionLog:
@@ -340,7 +342,7 @@ class RegionLog:
         fsync_interval_ms: int = 0,
         linger_us: int = DEFAULT_LINGER_US,
         max_batch_bytes: int = 4 * 1024 * 1024,
-        segment_bytes: int = 8 * 1024 * 1024,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         segment_seconds: float = 10.0,
         index_interval: int = 64 * 1024,
         max_entry_bytes: int = 64 * 1024 * 1024,
@@ -924,10 +926,13 @@ class RegionLog:
 
     # -- housekeeping ----------------------------------------------------------------------
 
-    def delete_segment(self, seq: int) -> None:
+    async def delete_segment(self, seq: int) -> None:
         """Remove the oldest sealed segment and every index entry pointing into it.
 
         Segments go oldest first, so every topic's retained offsets stay one contiguous run.
+        The index forgets the segment at once (no read reaches it after the call starts); the
+        file is unlinked and the directory synced in a worker thread, off the event loop, and
+        the call returns once that is durable.
         """
         if seq not in self.sealed:
             raise ValueError(f"segment {seq} of region {self.region} is not sealed")
@@ -940,13 +945,13 @@ class RegionLog:
             if spans and spans[0].seq == seq:
                 spans.pop(0)
                 topic.first_offset = spans[0].first_offset if spans else topic.hwm
-        self._backend.delete(seq)
         self.sealed.discard(seq)
         self._disk_bytes -= self.segment_sizes.pop(seq, 0)
         self.uploaded.discard(seq)
         # Segments go oldest first: none at or below ``seq`` is left.
         for topic_id in [tid for tid, last in self.dropped.items() if last <= seq]:
             del self.dropped[topic_id]
+        await self._backend.delete(seq)
 
     def mark_uploaded(self, seq: int) -> None:
         """Record that sealed segment ``seq`` is stored as an object and every topic range in
@@ -1087,7 +1092,7 @@ class _MemoryBackend:
     async def read(self, seq: int, start: int, size: int) -> bytes:
         return bytes(self._segments[seq][start : start + size])
 
-    def delete(self, seq: int) -> None:
+    async def delete(self, seq: int) -> None:
         self._segments.pop(seq, None)
 
     async def close(self) -> None:
@@ -1138,8 +1143,11 @@ class _FileBackend:
         self._thread: threading.Thread | None = None
         self._log: RegionLog | None = None
         self._read_fds: dict[int, int] = {}
+        #: Segment removals under way in worker threads (delete()).
+        self._removals: set[asyncio.Future[None]] = set()
         self._spare: Future[int | None] | None = None
-        self._spare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal-spare")
+        #: One thread that creates the next segment ahead and removes deleted ones.
+        self._file_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal-files")
         # Fault tests only (DANUBE_TEST_SYNC_LOG): the synced length of each segment.
         self._sync_log = open_sync_log()
 
@@ -1323,7 +1331,7 @@ class _FileBackend:
         self._active_size = self._acked_size = 0
         # Create the next segment now, off the commit path: a seal then costs no directory
         # fsync (about 2 ms here), which matters when large appends seal every few ms.
-        self._spare = self._spare_pool.submit(self._precreate_next, seq + 1)
+        self._spare = self._file_pool.submit(self._precreate_next, seq + 1)
         return sealed
 
     def _precreate_next(self, seq: int) -> int | None:
@@ -1424,7 +1432,7 @@ class _FileBackend:
                 with contextlib.suppress(OSError):
                     segment_path(self._dir, seq).unlink()
                     fsync_dir(self._dir)
-        self._spare_pool.shutdown(wait=True)
+        self._file_pool.shutdown(wait=True)
 
     def _read_fd(self, seq: int) -> int:
         fd = self._read_fds.get(seq)
@@ -1445,12 +1453,20 @@ class _FileBackend:
         finally:
             os.close(fd)
 
-    def delete(self, seq: int) -> None:
+    async def delete(self, seq: int) -> None:
         fd = self._read_fds.pop(seq, None)
         if fd is not None:
             os.close(fd)
-        segment_path(self._dir, seq).unlink(missing_ok=True)
-        fsync_dir(self._dir)
+        # Unlinking frees the file's blocks and the directory sync waits for a journal commit:
+        # milliseconds each, a segment at a time under full load, so not on the event loop
+        # (nor in the default executor, where it would queue behind reads). close() waits for
+        # it, so no removal outlives the log (nor its data-dir lock).
+        removal = asyncio.get_running_loop().run_in_executor(
+            self._file_pool, _remove, self._dir, seq
+        )
+        self._removals.add(removal)
+        removal.add_done_callback(self._removals.discard)
+        await asyncio.shield(removal)
 
     async def close(self) -> None:
         with self._cond:
@@ -1458,9 +1474,17 @@ class _FileBackend:
             self._cond.notify_all()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        if self._removals:
+            await asyncio.wait(list(self._removals))
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()
+
+
+def _remove(region_dir: Path, seq: int) -> None:
+    """Unlink segment ``seq`` and make its removal durable."""
+    segment_path(region_dir, seq).unlink(missing_ok=True)
+    fsync_dir(region_dir)
 
 
 def _precreate(region_dir: Path, seq: int, reserve: int = 0) -> int | None:

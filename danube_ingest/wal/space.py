@@ -24,6 +24,14 @@ unprivileged writer still put on the filesystem holding a path? The policy built
   if a subscription has not consumed them yet (it then reads from objects, or gets
   ``OffsetOutOfRange`` in ``local_only``); ``retention.min_*`` still hold.
 
+**The size limit has a prune level below it.** ``retention.max_bytes`` is a hard limit: a WAL
+holding more refuses appends. The cleaner prunes as over the maximum from :func:`prune_level`
+on, a few segments below it, and the store wakes the cleaner when the WAL grows past that level:
+where pruning is allowed (``local_only`` and ``memory`` modes, or uploaded segments) a WAL at
+its maximum makes room before a publish finds it full, instead of refusing publishes at every
+seal (measured: a 1 GiB WAL written at 160 MB/s fell from 1.6M to about 1M msg/s, with
+refused batches resent, when pruning began only at the limit).
+
 ``F`` must cover what is written between two measurements: the active segment's in-flight
 batches (``max_batch_bytes``) and, below ``F``, the objects in flight (a segment each), hence
 the default of a few segments' worth.
@@ -62,3 +70,9 @@ def disk_free(path: Path) -> int:
 
 
 __all__ = ["DiskFree", "disk_free"]
+
+
+def prune_level(max_bytes: int, segment_bytes: int) -> int:
+    """Bytes of WAL above which the cleaner prunes as over ``retention.max_bytes``: four
+    segments below it, or a quarter of it when that is less (so it stays above zero)."""
+    return max_bytes - min(4 * segment_bytes, max_bytes // 4)

@@ -497,7 +497,7 @@ async def test_cursor_below_the_retained_log_skips_to_its_start(harness: Harness
     region = harness.store.regions[0]
     region.rotate()
     await harness.publish(5)
-    region.delete_segment(min(region.sealed))  # retention removed offsets 0..4
+    await region.delete_segment(min(region.sealed))  # retention removed offsets 0..4
 
     subscription = harness.subscribe("sub", EXCLUSIVE, start=0)
     handle = subscription.attach(1, "a")

@@ -407,7 +407,7 @@ async def test_offset_out_of_range_after_deleting_oldest_segments(stores: StoreF
     assert_sequence(read_ahead, 0, payloads[: len(read_ahead)])
 
     while info_of(store, "t").first_offset <= 100:
-        region.delete_segment(min(region.sealed))
+        await region.delete_segment(min(region.sealed))
     first = info_of(store, "t").first_offset
     assert info_of(store, "t").high_watermark == 300
 

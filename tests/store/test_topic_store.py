@@ -109,7 +109,7 @@ async def test_retention_survives_reopen(file_stores: StoreFactory) -> None:
     await append_all(store, "t", payloads)
     region = store.regions[0]
     while info_of(store, "t").first_offset < 50:
-        region.delete_segment(min(region.sealed))
+        await region.delete_segment(min(region.sealed))
     first = info_of(store, "t").first_offset
     await store.close()
 
@@ -185,7 +185,7 @@ async def test_segment_deleted_under_a_reading_reader(
     reading = [asyncio.create_task(reader.next_batch()) for reader in readers]
     await asyncio.sleep(0.01)
     while info_of(store, "t").first_offset < 4:
-        region.delete_segment(min(region.sealed))
+        await region.delete_segment(min(region.sealed))
     first = info_of(store, "t").first_offset
     gate.set()
     await busy

@@ -1,12 +1,17 @@
-"""RegionLog's segment files on disk: blocks reserved ahead, released at the seal."""
+"""RegionLog's segment files on disk: blocks reserved ahead, released at the seal, removed off
+the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
+
+import danube_ingest.wal.log as wal_log
 from danube_ingest.wal import RegionLog
 from danube_ingest.wal.framing import Entry
 from danube_ingest.wal.segment import segment_path
@@ -48,3 +53,52 @@ async def test_next_segment_has_its_blocks_reserved_and_a_sealed_one_keeps_only_
     reopened = await open_log(region, segment_bytes=SEGMENT)
     assert reopened.topic("/ns/t").hwm == 10  # type: ignore[union-attr]
     await reopened.close()
+
+
+async def test_a_deleted_segment_is_removed_off_the_loop_and_close_waits_for_it(
+    tmp_path: Path, open_log: OpenLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index forgets the segment when delete_segment starts; its file is unlinked (and the
+    directory synced) in a worker thread while the loop goes on appending; the call returns,
+    and close() returns, only once the file is gone."""
+    region = tmp_path / "r0"
+    log = await open_log(region, segment_bytes=SEGMENT, segment_seconds=3600)
+    await asyncio.gather(*(log.stage("/ns/t", Entry(b"x" * 100)) for _ in range(10)))
+    first = log.active_seq
+    log.rotate()
+    await asyncio.gather(*(log.stage("/ns/t", Entry(b"y" * 100)) for _ in range(10)))
+    assert first in log.sealed
+
+    gate, started = threading.Event(), threading.Event()
+    real_remove = wal_log._remove
+
+    def gated_remove(region_dir: Path, seq: int) -> None:
+        started.set()
+        assert gate.wait(10)
+        real_remove(region_dir, seq)
+
+    monkeypatch.setattr(wal_log, "_remove", gated_remove)
+    deleting = asyncio.ensure_future(log.delete_segment(first))
+    while not started.is_set():
+        await asyncio.sleep(0.005)
+    # The index already forgot it; the file is still there while the thread waits.
+    assert first not in log.sealed and first not in log.segment_sizes
+    assert log.topic("/ns/t").first_offset == 10  # type: ignore[union-attr]
+    assert await log.read(first, 0, 100) == b""
+    assert segment_path(region, first).exists()
+    # The loop is free: more appends are made durable meanwhile.
+    await asyncio.wait_for(
+        asyncio.gather(*(log.stage("/ns/t", Entry(b"z" * 100)) for _ in range(5))), 5
+    )
+    assert not deleting.done()
+    closing = asyncio.ensure_future(log.close())
+    await asyncio.sleep(0.1)
+    assert not closing.done()  # close() waits for the removal
+    gate.set()
+    await asyncio.wait_for(deleting, 5)
+    await asyncio.wait_for(closing, 5)
+    assert not segment_path(region, first).exists()
+
+    reopened = await open_log(region, segment_bytes=SEGMENT)
+    topic = reopened.topic("/ns/t")
+    assert topic is not None and (topic.first_offset, topic.hwm) == (10, 25)

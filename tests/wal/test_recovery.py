@@ -639,7 +639,7 @@ async def history_with_snapshot(
         await store.close()
     region = wal / "r0"
     log = await open_log(region)
-    log.delete_segment(0)
+    await log.delete_segment(0)
     await log.close()
     segment_path(region, 1).unlink()
     assert list_segments(region)[0] == 2

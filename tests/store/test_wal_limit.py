@@ -1,0 +1,63 @@
+"""A WAL at its size limit (``retention.max_bytes``) where pruning is allowed (``local_only``):
+the store wakes the cleaner at the prune level, a few segments below the limit, so a writer
+that keeps going never finds the WAL full, and the WAL never holds more than the limit."""
+
+from __future__ import annotations
+
+from danube_ingest.config.models import RetentionConfig
+from danube_ingest.objects.cleaner import WalCleaner
+from danube_ingest.wal import Entry
+from danube_ingest.wal.space import prune_level
+
+from .conftest import KiB, MiB, StoreFactory, assert_sequence, info_of, read_until, within
+
+T = "/default/limit"
+SEGMENT = 64 * KiB
+LIMIT = 1 * MiB
+PAYLOAD = 16 * KiB
+
+
+def test_the_prune_level_is_four_segments_below_the_limit_and_above_zero() -> None:
+    assert prune_level(1024 * MiB, 8 * MiB) == 992 * MiB
+    assert prune_level(LIMIT, SEGMENT) == LIMIT - 4 * SEGMENT
+    assert prune_level(2 * SEGMENT, SEGMENT) == 2 * SEGMENT - SEGMENT // 2
+    assert prune_level(SEGMENT, SEGMENT) == SEGMENT - SEGMENT // 4 > 0
+
+
+async def test_a_wal_at_its_limit_is_pruned_before_appends_find_it_full(
+    stores: StoreFactory,
+) -> None:
+    store = await stores.open(
+        segment_bytes=SEGMENT,
+        max_batch_bytes=SEGMENT,
+        segment_seconds=3600,
+        max_wal_bytes=LIMIT,
+    )
+    assert store.prune_wal_bytes == LIMIT - 4 * SEGMENT
+    cleaner = WalCleaner(
+        store,
+        broker_id="b1",
+        retention=RetentionConfig(max_bytes=LIMIT, min_free_bytes=0),
+        kv=None,
+        keys=None,
+        require_upload=False,
+        prune_consumed=False,
+        interval=3600,  # only the store's wake-ups run a pass
+    )
+    store.on_pressure = cleaner.wake
+    cleaner.start()
+    payloads = [b"%06d" % i + b"x" * PAYLOAD for i in range(3 * LIMIT // PAYLOAD)]
+    peak = 0
+    try:
+        for payload in payloads:  # three times the limit, one durable append after another
+            await within(store.append(T, Entry(payload)))  # never WalBackpressureError
+            peak = max(peak, store.wal_bytes())
+            assert not store.full
+    finally:
+        await cleaner.stop()
+    assert cleaner.stats.forced == cleaner.stats.segments > 0
+    assert peak <= LIMIT
+    info = info_of(store, T)
+    assert info.high_watermark == len(payloads) and info.first_offset > 0
+    retained = await read_until(store.create_reader(T, info.first_offset), len(payloads))
+    assert_sequence(retained, info.first_offset, payloads[info.first_offset :])
