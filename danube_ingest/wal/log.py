@@ -1287,12 +1287,8 @@ class _FileBackend:
                 self._write(pieces)
                 if self._fsync:
                     synced = time.monotonic()
-                    os.fdatasync(self._fd)
+                    self._sync_active()
                     WAL_FSYNC_SECONDS.observe(time.monotonic() - synced)
-                    if self._sync_log is not None:
-                        self._sync_log.synced(
-                            segment_path(self._dir, self._active), self._active_size
-                        )
             except BaseException as exc:
                 self._cut_back_to_acknowledged(exc)
                 self._die(exc, group)
@@ -1310,12 +1306,8 @@ class _FileBackend:
         """Seal the active file (sync + close) and create segment ``seq``."""
         sealed = None
         if self._fd >= 0:
-            os.fdatasync(self._fd)
-            if self._sync_log is not None:
-                self._sync_log.synced(segment_path(self._dir, self._active), self._active_size)
-            self._release_reserve()
-            os.close(self._fd)
-            self._fd = -1
+            self._sync_active()
+            self._close_fd()
             sealed = (self._active, self._active_size)
         path = segment_path(self._dir, seq)
         spare, self._spare = self._spare, None
@@ -1409,18 +1401,24 @@ class _FileBackend:
                 # To its own size (not a byte less, whatever the bookkeeping says).
                 os.ftruncate(self._fd, os.fstat(self._fd).st_size)
 
+    def _sync_active(self) -> None:
+        """fdatasync the active segment, and record it in the sync log (tests) once done."""
+        os.fdatasync(self._fd)
+        if self._sync_log is not None:
+            self._sync_log.synced(segment_path(self._dir, self._active), self._active_size)
+
+    def _close_fd(self) -> None:
+        """Close the active segment's file, giving its unused reserved blocks back first."""
+        self._release_reserve()
+        os.close(self._fd)
+        self._fd = -1
+
     def _close_active(self) -> None:
         if self._fd >= 0:
             if self._failure is None:  # never again after a failure (see _cut_back_...)
                 with contextlib.suppress(OSError):
-                    os.fdatasync(self._fd)
-                    if self._sync_log is not None:
-                        self._sync_log.synced(
-                            segment_path(self._dir, self._active), self._active_size
-                        )
-            self._release_reserve()
-            os.close(self._fd)
-            self._fd = -1
+                    self._sync_active()
+            self._close_fd()
         if self._sync_log is not None:
             self._sync_log.close()
             self._sync_log = None
