@@ -110,7 +110,9 @@ class WalCleaner(BackgroundLoop):
             await wait_event(self._wakeup, self._interval)
             self._wakeup.clear()
             try:
-                await self.clean_once()
+                # The files go in the WAL's file thread; _removed() notes a failure. Not
+                # waiting for them keeps a slow disk from delaying the next pass.
+                await self._prune()
             except (DanubeIngestError, OSError) as exc:
                 self.stats.failures += 1
                 self.stats.last_error = str(exc)
@@ -122,16 +124,35 @@ class WalCleaner(BackgroundLoop):
                 log.exception("wal cleaning pass failed unexpectedly")
 
     async def clean_once(self) -> list[tuple[str, int]]:
-        """One pass over every region; returns the (region, seq) deleted."""
+        """One pass over every region; returns the (region, seq) deleted, once their files are
+        removed (raising the ``OSError`` of a removal that failed)."""
+        deleted, removals = await self._prune()
+        for removal in removals:
+            await removal
+        return deleted
+
+    async def _prune(self) -> tuple[list[tuple[str, int]], list[asyncio.Future[None]]]:
+        """One pass over every region: the segments deleted from the WAL's index, and the
+        removals of their files, under way."""
         async with self._lock:
             self.stats.passes += 1
             deleted: list[tuple[str, int]] = []
+            removals: list[asyncio.Future[None]] = []
             for region in self._store.regions:
-                deleted.extend(await self._clean_region(region))
+                deleted.extend(await self._clean_region(region, removals))
             self._store.refresh_backpressure()
-            return deleted
+            return deleted, removals
 
-    async def _clean_region(self, region: RegionLog) -> list[tuple[str, int]]:
+    def _removed(self, removal: asyncio.Future[None]) -> None:
+        exc = None if removal.cancelled() else removal.exception()
+        if exc is not None:
+            self.stats.failures += 1
+            self.stats.last_error = f"removing a segment file: {exc}"
+            log.warning("wal segment file not removed: %s", exc)
+
+    async def _clean_region(
+        self, region: RegionLog, removals: list[asyncio.Future[None]]
+    ) -> list[tuple[str, int]]:
         retention = self._retention
         now_ms = int(self._clock() * 1000)
         floors: dict[str, int] = {}
@@ -153,15 +174,13 @@ class WalCleaner(BackgroundLoop):
             if total - size < retention.min_bytes:
                 self.stats.blocked_by = f"{region.region}/{seq}: retention.min_bytes"
                 break
-            forced = (
-                total > self._prune_above
-                or (
-                    retention.max_minutes is not None
-                    and age_ms is not None
-                    and age_ms >= retention.max_minutes * 60_000
-                )
-                or self._store.disk_below_floor()
+            over = total > self._prune_above or (
+                retention.max_minutes is not None
+                and age_ms is not None
+                and age_ms >= retention.max_minutes * 60_000
             )
+            disk_low = not over and self._store.disk_below_floor()
+            forced = over or disk_low
             if not forced and not self._prune_consumed:
                 self.stats.blocked_by = f"{region.region}/{seq}: within retention.max_*"
                 break
@@ -178,7 +197,12 @@ class WalCleaner(BackgroundLoop):
                 if blocked is not None:
                     self.stats.blocked_by = f"{region.region}/{seq}: {blocked}"
                     break
-            await region.delete_segment(seq)
+            removal = region.delete_segment(seq)
+            removal.add_done_callback(self._removed)
+            removals.append(removal)
+            if disk_low:
+                # The next measurement of the disk must see the space this frees.
+                await asyncio.wait([removal])
             deleted.append((region.region, seq))
             self.stats.segments += 1
             self.stats.bytes += size

@@ -266,7 +266,7 @@ class _Backend(Protocol):
     def submit(self, chunk: _Chunk) -> None: ...
     async def read(self, seq: int, start: int, size: int) -> bytes: ...
     async def close(self) -> None: ...
-    async def delete(self, seq: int) -> None: ...
+    def delete(self, seq: int) -> asyncio.Future[None]: ...
 
 
 class RegionLog:
@@ -926,13 +926,15 @@ class RegionLog:
 
     # -- housekeeping ----------------------------------------------------------------------
 
-    async def delete_segment(self, seq: int) -> None:
+    def delete_segment(self, seq: int) -> asyncio.Future[None]:
         """Remove the oldest sealed segment and every index entry pointing into it.
 
         Segments go oldest first, so every topic's retained offsets stay one contiguous run.
-        The index forgets the segment at once (no read reaches it after the call starts); the
-        file is unlinked and the directory synced in a worker thread, off the event loop, and
-        the call returns once that is durable.
+        The index and the byte count forget the segment before this returns (no read reaches
+        it afterwards). Its file is unlinked and the directory synced in the log's file thread,
+        off the event loop: the future returned is done once that is durable (its error, if
+        the removal failed; the segment is forgotten either way, and a file left behind is
+        old, complete data that a restart finds again). ``close()`` waits for removals.
         """
         if seq not in self.sealed:
             raise ValueError(f"segment {seq} of region {self.region} is not sealed")
@@ -951,7 +953,7 @@ class RegionLog:
         # Segments go oldest first: none at or below ``seq`` is left.
         for topic_id in [tid for tid, last in self.dropped.items() if last <= seq]:
             del self.dropped[topic_id]
-        await self._backend.delete(seq)
+        return self._backend.delete(seq)
 
     def mark_uploaded(self, seq: int) -> None:
         """Record that sealed segment ``seq`` is stored as an object and every topic range in
@@ -1092,8 +1094,11 @@ class _MemoryBackend:
     async def read(self, seq: int, start: int, size: int) -> bytes:
         return bytes(self._segments[seq][start : start + size])
 
-    async def delete(self, seq: int) -> None:
+    def delete(self, seq: int) -> asyncio.Future[None]:
         self._segments.pop(seq, None)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
     async def close(self) -> None:
         return None
@@ -1451,7 +1456,7 @@ class _FileBackend:
         finally:
             os.close(fd)
 
-    async def delete(self, seq: int) -> None:
+    def delete(self, seq: int) -> asyncio.Future[None]:
         fd = self._read_fds.pop(seq, None)
         if fd is not None:
             os.close(fd)
@@ -1464,7 +1469,8 @@ class _FileBackend:
         )
         self._removals.add(removal)
         removal.add_done_callback(self._removals.discard)
-        await asyncio.shield(removal)
+        # Shielded: a caller that stops waiting does not make close() forget the removal.
+        return asyncio.shield(removal)
 
     async def close(self) -> None:
         with self._cond:
