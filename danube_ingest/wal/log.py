@@ -267,6 +267,7 @@ class _Backend(Protocol):
     async def read(self, seq: int, start: int, size: int) -> bytes: ...
     async def close(self) -> None: ...
     def delete(self, seq: int) -> asyncio.Future[None]: ...
+    async def removed(self) -> None: ...
 
 
 class RegionLog:
@@ -881,6 +882,9 @@ class RegionLog:
             with self._snapshot_lock:
                 write_snapshot(region_dir, snapshot)
 
+        # A snapshot that no longer lists a deleted segment must not be durable before the
+        # segment's removal is: a restart would find its file with nothing pointing into it.
+        await self._backend.removed()
         try:
             await asyncio.to_thread(write)
         except OSError as exc:
@@ -932,9 +936,10 @@ class RegionLog:
         Segments go oldest first, so every topic's retained offsets stay one contiguous run.
         The index and the byte count forget the segment before this returns (no read reaches
         it afterwards). Its file is unlinked and the directory synced in the log's file thread,
-        off the event loop: the future returned is done once that is durable (its error, if
-        the removal failed; the segment is forgotten either way, and a file left behind is
-        old, complete data that a restart finds again). ``close()`` waits for removals.
+        off the event loop: the future returned is done once that is durable, or has the
+        removal's error (the segment is forgotten either way, and its file is tried again with
+        the next removal). ``close()`` and the next snapshot wait for removals under way, so
+        no snapshot that leaves a segment out is durable before its file's removal is.
         """
         if seq not in self.sealed:
             raise ValueError(f"segment {seq} of region {self.region} is not sealed")
@@ -1100,6 +1105,9 @@ class _MemoryBackend:
         done.set_result(None)
         return done
 
+    async def removed(self) -> None:
+        return None
+
     async def close(self) -> None:
         return None
 
@@ -1150,6 +1158,8 @@ class _FileBackend:
         self._read_fds: dict[int, int] = {}
         #: Segment removals under way in worker threads (delete()).
         self._removals: set[asyncio.Future[None]] = set()
+        #: Deleted segments whose file is not known to be removed yet.
+        self._unremoved: set[int] = set()
         self._spare: Future[int | None] | None = None
         #: One thread that creates the next segment ahead and removes deleted ones.
         self._file_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal-files")
@@ -1463,14 +1473,27 @@ class _FileBackend:
         # Unlinking frees the file's blocks and the directory sync waits for a journal commit:
         # milliseconds each, a segment at a time under full load, so not on the event loop
         # (nor in the default executor, where it would queue behind reads). close() waits for
-        # it, so no removal outlives the log (nor its data-dir lock).
+        # it, so no removal outlives the log (nor its data-dir lock), and so does a snapshot
+        # (removed()). A removal that failed is tried again with the next one.
+        self._unremoved.add(seq)
+        seqs = sorted(self._unremoved)
         removal = asyncio.get_running_loop().run_in_executor(
-            self._file_pool, _remove, self._dir, seq
+            self._file_pool, _remove, self._dir, seqs
         )
         self._removals.add(removal)
-        removal.add_done_callback(self._removals.discard)
+
+        def done(removal: asyncio.Future[None]) -> None:
+            self._removals.discard(removal)
+            if not removal.cancelled() and removal.exception() is None:
+                self._unremoved.difference_update(seqs)
+
+        removal.add_done_callback(done)
         # Shielded: a caller that stops waiting does not make close() forget the removal.
         return asyncio.shield(removal)
+
+    async def removed(self) -> None:
+        if self._removals:
+            await asyncio.wait(list(self._removals))
 
     async def close(self) -> None:
         with self._cond:
@@ -1485,9 +1508,10 @@ class _FileBackend:
         self._read_fds.clear()
 
 
-def _remove(region_dir: Path, seq: int) -> None:
-    """Unlink segment ``seq`` and make its removal durable."""
-    segment_path(region_dir, seq).unlink(missing_ok=True)
+def _remove(region_dir: Path, seqs: list[int]) -> None:
+    """Unlink segments ``seqs`` and make their removal durable."""
+    for seq in seqs:
+        segment_path(region_dir, seq).unlink(missing_ok=True)
     fsync_dir(region_dir)
 
 

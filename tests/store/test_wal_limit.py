@@ -90,14 +90,14 @@ async def test_a_segment_file_that_cannot_be_removed_is_reported_and_pruning_goe
     region = store.regions[0]
     oldest = min(region.sealed)
 
-    def unremovable(region_dir: Path, seq: int) -> None:
-        raise OSError(errno.EIO, "Input/output error", str(segment_path(region_dir, seq)))
+    def unremovable(region_dir: Path, seqs: list[int]) -> None:
+        raise OSError(errno.EIO, "Input/output error", str(segment_path(region_dir, seqs[0])))
 
     monkeypatch.setattr(wal_log, "_remove", unremovable)
     with pytest.raises(OSError, match="Input/output error"):
         await cleaner.clean_once()
-    # Forgotten by the WAL all the same (old, complete data: a restart would find it again),
-    # counted, and the next pass goes on from the next segment.
+    # Forgotten by the WAL all the same, counted, and the next pass goes on from the next
+    # segment, removing the file left behind with its own.
     assert oldest not in region.sealed and store.wal_bytes() <= LIMIT - 4 * SEGMENT
     assert cleaner.stats.failures >= 1 and "Input/output error" in str(cleaner.stats.last_error)
     assert segment_path(region.region_dir, oldest).exists()  # type: ignore[arg-type]
@@ -106,3 +106,4 @@ async def test_a_segment_file_that_cannot_be_removed_is_reported_and_pruning_goe
         await store.append(T, Entry(b"y" * PAYLOAD))
     assert await cleaner.clean_once()
     assert store.wal_bytes() <= LIMIT - 4 * SEGMENT
+    assert not segment_path(region.region_dir, oldest).exists()  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ import pytest
 import danube_ingest.wal.log as wal_log
 from danube_ingest.wal import RegionLog
 from danube_ingest.wal.framing import Entry
+from danube_ingest.wal.meta import SNAPSHOT_NAME
 from danube_ingest.wal.segment import segment_path
 
 OpenLog = Callable[..., Awaitable[RegionLog]]
@@ -58,24 +59,32 @@ async def test_next_segment_has_its_blocks_reserved_and_a_sealed_one_keeps_only_
 async def test_a_deleted_segment_is_removed_off_the_loop_and_close_waits_for_it(
     tmp_path: Path, open_log: OpenLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The index forgets the segment when delete_segment starts; its file is unlinked (and the
-    directory synced) in a worker thread while the loop goes on appending; the call returns,
-    and close() returns, only once the file is gone."""
+    """The index forgets the segment when delete_segment is called; its file is unlinked (and
+    the directory synced) in a worker thread while the loop goes on appending; the removal's
+    future, a snapshot that no longer lists the segment, and close() all wait until the file
+    is gone (a snapshot written first would leave a restart a file nothing points into)."""
+    monkeypatch.setattr(wal_log, "SNAPSHOT_MIN_INTERVAL", 0.0)  # every seal writes one
     region = tmp_path / "r0"
+    snapshot = region / SNAPSHOT_NAME
     log = await open_log(region, segment_bytes=SEGMENT, segment_seconds=3600)
     await asyncio.gather(*(log.stage("/ns/t", Entry(b"x" * 100)) for _ in range(10)))
     first = log.active_seq
     log.rotate()
     await asyncio.gather(*(log.stage("/ns/t", Entry(b"y" * 100)) for _ in range(10)))
     assert first in log.sealed
+    deadline = asyncio.get_running_loop().time() + 5
+    while not snapshot.exists():  # the seal's snapshot, written once the seal is durable
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
+    before = snapshot.read_bytes()
 
     gate, started = threading.Event(), threading.Event()
     real_remove = wal_log._remove
 
-    def gated_remove(region_dir: Path, seq: int) -> None:
+    def gated_remove(region_dir: Path, seqs: list[int]) -> None:
         started.set()
         assert gate.wait(10)
-        real_remove(region_dir, seq)
+        real_remove(region_dir, seqs)
 
     monkeypatch.setattr(wal_log, "_remove", gated_remove)
     deleting = asyncio.ensure_future(log.delete_segment(first))
@@ -86,11 +95,14 @@ async def test_a_deleted_segment_is_removed_off_the_loop_and_close_waits_for_it(
     assert log.topic("/ns/t").first_offset == 10  # type: ignore[union-attr]
     assert await log.read(first, 0, 100) == b""
     assert segment_path(region, first).exists()
-    # The loop is free: more appends are made durable meanwhile.
+    # The loop is free: more appends are made durable meanwhile, a seal among them.
+    log.rotate()
     await asyncio.wait_for(
         asyncio.gather(*(log.stage("/ns/t", Entry(b"z" * 100)) for _ in range(5))), 5
     )
+    await asyncio.sleep(0.1)
     assert not deleting.done()
+    assert snapshot.read_bytes() == before  # the seal's snapshot waits for the removal
     closing = asyncio.ensure_future(log.close())
     await asyncio.sleep(0.1)
     assert not closing.done()  # close() waits for the removal
@@ -98,6 +110,7 @@ async def test_a_deleted_segment_is_removed_off_the_loop_and_close_waits_for_it(
     await asyncio.wait_for(deleting, 5)
     await asyncio.wait_for(closing, 5)
     assert not segment_path(region, first).exists()
+    assert snapshot.read_bytes() != before
 
     reopened = await open_log(region, segment_bytes=SEGMENT)
     topic = reopened.topic("/ns/t")
