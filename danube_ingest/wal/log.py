@@ -1443,8 +1443,7 @@ class _FileBackend:
             if seq is not None:
                 # Never written: remove it (recovery would remove an empty newest one too).
                 with contextlib.suppress(OSError):
-                    segment_path(self._dir, seq).unlink()
-                    fsync_dir(self._dir)
+                    _remove(self._dir, [seq])
         self._file_pool.shutdown(wait=True)
 
     def _read_fd(self, seq: int) -> int:
@@ -1501,8 +1500,7 @@ class _FileBackend:
             self._cond.notify_all()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
-        if self._removals:
-            await asyncio.wait(list(self._removals))
+        await self.removed()
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()

@@ -69,10 +69,10 @@ def disk_free(path: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-__all__ = ["DiskFree", "disk_free"]
-
-
 def prune_level(max_bytes: int, segment_bytes: int) -> int:
     """Bytes of WAL above which the cleaner prunes as over ``retention.max_bytes``: four
     segments below it, or a quarter of it when that is less (so it stays above zero)."""
     return max_bytes - min(4 * segment_bytes, max_bytes // 4)
+
+
+__all__ = ["DiskFree", "disk_free", "prune_level"]
