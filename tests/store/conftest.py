@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from danube_ingest.config.models import RetentionConfig
+from danube_ingest.objects.cleaner import CLEAN_INTERVAL, WalCleaner
 from danube_ingest.store import TopicInfo, TopicReader, TopicStore
 from danube_ingest.wal import Entry
 
@@ -55,6 +57,23 @@ def assert_sequence(entries: Sequence[Entry], start: int, payloads: Sequence[byt
     assert [e.payload for e in entries] == list(payloads)
     times = [e.ingest_ms for e in entries]
     assert times == sorted(times), "ingest_ms decreased within a topic"
+
+
+def local_cleaner(
+    store: TopicStore, retention: RetentionConfig, interval: float = CLEAN_INTERVAL
+) -> WalCleaner:
+    """The cleaner of a ``local_only`` broker: no etcd, no uploads to wait for, and only the
+    retention maximums (and the free-space floor) prune."""
+    return WalCleaner(
+        store,
+        broker_id="b1",
+        retention=retention,
+        kv=None,
+        keys=None,
+        require_upload=False,
+        prune_consumed=False,
+        interval=interval,
+    )
 
 
 def info_of(store: TopicStore, topic: str) -> TopicInfo:

@@ -13,14 +13,13 @@ import pytest
 from danube_ingest.cli import main
 from danube_ingest.config.models import RetentionConfig
 from danube_ingest.errors import WalBackpressureError, WalFailedError
-from danube_ingest.objects.cleaner import WalCleaner
 from danube_ingest.store import TopicStore
 from danube_ingest.testing import fill_filesystem, small_filesystem
 from danube_ingest.wal import Entry
 from danube_ingest.wal.log import RegionLog
 from danube_ingest.wal.segment import segment_path
 
-from .conftest import KiB, MiB, read_until, within
+from .conftest import KiB, MiB, local_cleaner, read_until, within
 
 T = "/default/disk"
 #: The filesystem under test: small enough to fill in a moment.
@@ -140,15 +139,7 @@ async def test_segment_preallocation_never_takes_the_disk_below_the_floor(disk: 
 
 async def test_cleaner_counts_free_space_as_retention(disk: Path) -> None:
     store = await open_store(disk / "wal")
-    cleaner = WalCleaner(
-        store,
-        broker_id="b1",
-        retention=RetentionConfig(max_bytes=DISK, min_free_bytes=FLOOR),
-        kv=None,
-        keys=None,
-        require_upload=False,
-        prune_consumed=False,
-    )
+    cleaner = local_cleaner(store, RetentionConfig(max_bytes=DISK, min_free_bytes=FLOOR))
     try:
         for i in range(12):
             await store.append(T, Entry(b"x" * 200 * KiB))

@@ -11,17 +11,26 @@ import pytest
 
 import danube_ingest.wal.log as wal_log
 from danube_ingest.config.models import RetentionConfig
-from danube_ingest.objects.cleaner import WalCleaner
 from danube_ingest.wal import Entry
 from danube_ingest.wal.segment import segment_path
 from danube_ingest.wal.space import prune_level
 
-from .conftest import KiB, MiB, StoreFactory, assert_sequence, info_of, read_until, within
+from .conftest import (
+    KiB,
+    MiB,
+    StoreFactory,
+    assert_sequence,
+    info_of,
+    local_cleaner,
+    read_until,
+    within,
+)
 
 T = "/default/limit"
 SEGMENT = 64 * KiB
 LIMIT = 1 * MiB
 PAYLOAD = 16 * KiB
+RETENTION = RetentionConfig(max_bytes=LIMIT, min_free_bytes=0)
 
 
 def test_the_prune_level_is_four_segments_below_the_limit_and_above_zero() -> None:
@@ -41,16 +50,8 @@ async def test_a_wal_at_its_limit_is_pruned_before_appends_find_it_full(
         max_wal_bytes=LIMIT,
     )
     assert store.prune_wal_bytes == LIMIT - 4 * SEGMENT
-    cleaner = WalCleaner(
-        store,
-        broker_id="b1",
-        retention=RetentionConfig(max_bytes=LIMIT, min_free_bytes=0),
-        kv=None,
-        keys=None,
-        require_upload=False,
-        prune_consumed=False,
-        interval=3600,  # only the store's wake-ups run a pass
-    )
+    # Only the store's wake-ups run a pass.
+    cleaner = local_cleaner(store, RETENTION, interval=3600)
     store.on_pressure = cleaner.wake
     cleaner.start()
     payloads = [b"%06d" % i + b"x" * PAYLOAD for i in range(3 * LIMIT // PAYLOAD)]
@@ -76,15 +77,7 @@ async def test_a_segment_file_that_cannot_be_removed_is_reported_and_pruning_goe
     store = await file_stores.open(
         segment_bytes=SEGMENT, max_batch_bytes=SEGMENT, segment_seconds=3600
     )
-    cleaner = WalCleaner(
-        store,
-        broker_id="b1",
-        retention=RetentionConfig(max_bytes=LIMIT, min_free_bytes=0),
-        kv=None,
-        keys=None,
-        require_upload=False,
-        prune_consumed=False,
-    )
+    cleaner = local_cleaner(store, RETENTION)
     for i in range(2 * LIMIT // PAYLOAD):
         await store.append(T, Entry(b"%06d" % i + b"x" * PAYLOAD))
     region = store.regions[0]
