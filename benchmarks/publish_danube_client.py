@@ -265,11 +265,14 @@ def disk_probe(directory: Path, count: int = DISK_PROBES) -> list[float]:
 class NoopServerProcess:
     """The no-op server (``--noop-server``) in a child process."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, burn_us: int = 0, name: str = "noop-server") -> None:
+        """``burn_us``: CPU time each SendMessage spends in a busy loop on the event-loop
+        thread before it answers (``e2e_variants.py``: a relay as costly as the broker)."""
         from danube_ingest.testing import free_port
 
         self.port = free_port()
-        self.log_path = log_dir / "noop-server.log"
+        self.burn_us = burn_us
+        self.log_path = log_dir / f"{name}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -283,6 +286,8 @@ class NoopServerProcess:
 
     def start(self, timeout: float = 20.0) -> None:
         command = [sys.executable, str(Path(__file__).resolve()), "--noop-server", str(self.port)]
+        if self.burn_us:
+            command += ["--burn-us", str(self.burn_us)]
         with self.log_path.open("wb") as log_file:
             self.process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
@@ -293,7 +298,14 @@ class NoopServerProcess:
         _terminate(self.process, 10)
 
 
-def _noop_services(url: str) -> list[tuple[Any, Callable[[Any, Any], None]]]:
+def _burn(seconds: float) -> None:
+    """Spend ``seconds`` of CPU time on this thread (a busy loop; the GIL stays held)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def _noop_services(url: str, burn_us: int = 0) -> list[tuple[Any, Callable[[Any, Any], None]]]:
     from danube.proto import DanubeApi_pb2 as pb
     from danube.proto import DanubeApi_pb2_grpc as pb_grpc
 
@@ -332,6 +344,8 @@ def _noop_services(url: str) -> list[tuple[Any, Callable[[Any, Any], None]]]:
             )
 
         async def SendMessage(self, request: Any, context: Any) -> Any:
+            if burn_us:
+                _burn(burn_us / 1e6)
             subscribed = streams.get(producer_topics.get(request.msg_id.producer_id, ""))
             if subscribed:
                 offset = next(offsets)
@@ -375,8 +389,9 @@ def _noop_services(url: str) -> list[tuple[Any, Callable[[Any, Any], None]]]:
     ]
 
 
-async def serve_noop(port: int) -> None:
-    """Serve the no-op services on 127.0.0.1:PORT until SIGTERM/SIGINT."""
+async def serve_noop(port: int, burn_us: int = 0) -> None:
+    """Serve the no-op services on 127.0.0.1:PORT until SIGTERM/SIGINT (``burn_us``: see
+    ``NoopServerProcess``)."""
     import grpc
 
     server = grpc.aio.server(
@@ -386,7 +401,7 @@ async def serve_noop(port: int) -> None:
         ]
     )
     url = f"http://127.0.0.1:{port}"
-    for servicer, add in _noop_services(url):
+    for servicer, add in _noop_services(url, burn_us):
         add(servicer, server)
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     if bound != port:
@@ -732,11 +747,12 @@ def main() -> None:
 def _child_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description="no-op Danube server (child process mode)")
     parser.add_argument("--noop-server", type=int, metavar="PORT", required=True)
+    parser.add_argument("--burn-us", type=int, default=0, metavar="US")
     args = parser.parse_args(argv)
     from danube_ingest.runtime import run_daemon, tune_gc
 
     tune_gc()  # the broker's runtime: its GC settings and (below) its event loop
-    run_daemon(serve_noop(args.noop_server))
+    run_daemon(serve_noop(args.noop_server, args.burn_us))
 
 
 if __name__ == "__main__":
