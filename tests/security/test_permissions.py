@@ -13,6 +13,7 @@ from danube.proto import SchemaRegistry_pb2_grpc as schema_grpc
 
 from danube_ingest.client import ConsumeError, Consumer, Producer, PublishError
 from danube_ingest.metadata.records import Records
+from danube_ingest.observability.metrics import REGISTRY
 from tests.broker.support import consumer_request, producer_request, rpc_error
 
 from .conftest import SecureBroker, Signing, bearer, stored_payloads, subscription
@@ -128,8 +129,19 @@ async def test_batch_publish_to_a_forbidden_topic_stores_nothing(
         assert await (await producer.send(b"allowed")) == 0
 
 
+def rpc_count(method: str, code: str) -> float:
+    """Calls of ``method`` that ended with ``code`` so far (``danube_ingest_rpc_seconds``)."""
+    labels = {"method": method, "code": code}
+    return REGISTRY.get_sample_value("danube_ingest_rpc_seconds_count", labels) or 0.0
+
+
 async def test_schema_admin_rpcs_need_admin(secure: SecureBroker, signing: Signing) -> None:
+    """Refused and accepted calls alike are counted in the RPC metrics by their status, those
+    the admin rule refuses too."""
     request = schema_pb.SetCompatibilityModeRequest(subject="orders", compatibility_mode="full")
+    method = "/danube_schema.SchemaRegistry/SetCompatibilityMode"
+    codes = ("OK", "PERMISSION_DENIED", "UNAUTHENTICATED")
+    before = {code: rpc_count(method, code) for code in codes}
     async with secure.channel() as channel:
         schema = schema_grpc.SchemaRegistryStub(channel)
         await schema.RegisterSchema(
@@ -146,3 +158,8 @@ async def test_schema_admin_rpcs_need_admin(secure: SecureBroker, signing: Signi
         await schema.SetCompatibilityMode(
             request, metadata=bearer(signing.token("operator", roles=["ops"]))
         )
+        error = await rpc_error(schema.SetCompatibilityMode(request))
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert {code: rpc_count(method, code) - before[code] for code in codes} == dict.fromkeys(
+        codes, 1.0
+    )
