@@ -37,7 +37,9 @@ Extras: publish (send -> MessageResponse) latency of the same messages, pacing l
 the sender started sends), messages undelivered/duplicated, CPU share of client and server (and
 CPU time per message, also for the relay), how long each process's event-loop thread was
 runnable but waited for a CPU (``*_loop_runq_ms_per_s``: ms per second of the window, from
-``/proc/PID/task/PID/schedstat``; what outside load takes from the loop), the broker's
+``/proc/PID/task/PID/schedstat``; what outside load takes from the loop), how many of the
+machine's CPUs were busy in each window (``machine_busy_cpus_*``, all processes, this one
+included; see ``e2e_variants.py``: the tail follows it), the broker's
 fdatasyncs (messages per fdatasync, mean duration), a raw disk probe (116-byte write +
 fdatasync) per round, and ``low_rate_*``: the same path for ``LOW_SECONDS`` at ``LOW_RATE``
 msg/s, where nothing queues (latency of the hops themselves).
@@ -246,13 +248,31 @@ def run_queue_wait(pid: int) -> float:
         return float("nan")
 
 
+def cpu_times() -> list[int]:
+    """The machine's aggregate ``/proc/stat`` cpu line (user, nice, system, idle, iowait, irq,
+    softirq, steal, ...), in ticks."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def busy_cpus(before: list[int], after: list[int]) -> tuple[float, float]:
+    """(CPUs busy, CPUs stolen by the host) between two ``cpu_times()``."""
+    delta = [b - a for a, b in zip(before, after, strict=False)]
+    total = sum(delta[:8]) or 1
+    cpus = os.cpu_count() or 1
+    idle = delta[3] + delta[4]
+    return (total - idle - delta[7]) / total * cpus, delta[7] / total * cpus
+
+
 class Usage:
     """CPU share of this process and of the server, how long their event-loop threads waited
-    for a CPU, and the broker's fdatasyncs, over a window."""
+    for a CPU, how many of the machine's CPUs were busy, and the broker's fdatasyncs, over a
+    window."""
 
     def __init__(self, pid: int, broker: BrokerChild | None) -> None:
         self.pid = pid
         self.broker = broker
+        self.stat0 = cpu_times()
         self.t0 = time.perf_counter()
         self.cpu0 = time.process_time()
         self.bcpu0 = proc_cpu(pid)
@@ -265,7 +285,11 @@ class Usage:
         f1 = self.broker.fdatasync_stats() if self.broker else (0, 0.0, 0)
         syncs = f1[0] - self.f0[0]
         nan = float("nan")
+        busy, steal = busy_cpus(self.stat0, cpu_times())
         return {
+            # All processes (this benchmark's included): how close the machine is to saturated.
+            "machine_busy_cpus": busy,
+            "machine_steal_cpus": steal,
             "client": (time.process_time() - self.cpu0) / wall,
             "broker": (proc_cpu(self.pid) - self.bcpu0) / wall,
             # ms per s of wall time the server's / this process's loop thread was runnable but
@@ -322,7 +346,8 @@ def _round_line(name: str, rnd: int, run: E2E, lag: dict[str, float], use: dict[
         f"{percentile(e2e, 99):.2f} ms max {max(e2e, default=float('nan')):.2f} ms "
         f"({len(e2e)} msgs); publish p50 {percentile(pub, 50):.2f} p99 "
         f"{percentile(pub, 99):.2f} ms; pacing lag p99 {lag['lag_p99_ms']:.2f} ms; CPU "
-        f"share client {use['client']:.2f} server {use['broker']:.2f}; loop threads waited for a "
+        f"share client {use['client']:.2f} server {use['broker']:.2f}; machine "
+        f"{use['machine_busy_cpus']:.2f} CPUs busy; loop threads waited for a "
         f"CPU: server {use['server_runq_ms_per_s']:.0f} client {use['client_runq_ms_per_s']:.0f} "
         "ms/s"
     )
@@ -469,6 +494,8 @@ async def bench(
         "relay_cpu_client": mean(relay_usage, "client"),
         "relay_cpu_server": mean(relay_usage, "broker"),
         "runq_broker": [u["server_runq_ms_per_s"] for u in usage],
+        "busy_broker": [u["machine_busy_cpus"] for u in usage],
+        "busy_relay": [u["machine_busy_cpus"] for u in relay_usage],
         "runq_client": [u["client_runq_ms_per_s"] for u in usage],
         "runq_relay": [u["server_runq_ms_per_s"] for u in relay_usage],
         "msgs_per_fdatasync": [u["msgs_per_fdatasync"] for u in usage],
@@ -623,6 +650,8 @@ def main() -> None:
         "low_rate_cpu_us_per_msg_broker": out["low_cpu_broker"] * 1e6 / LOW_RATE,
         "low_rate_cpu_us_per_msg_client": out["low_cpu_client"] * 1e6 / LOW_RATE,
         "broker_loop_runq_ms_per_s": out["runq_broker"],
+        "machine_busy_cpus_broker": out["busy_broker"],
+        "machine_busy_cpus_relay": out["busy_relay"],
         "client_loop_runq_ms_per_s": out["runq_client"],
         "relay_loop_runq_ms_per_s": out["runq_relay"],
         "broker_msgs_per_fdatasync": out["msgs_per_fdatasync"],

@@ -76,22 +76,6 @@ def context_switches(pid: int) -> tuple[int, int]:
     return vol, invol
 
 
-def cpu_times() -> list[int]:
-    """The machine's aggregate ``/proc/stat`` cpu line (user, nice, system, idle, iowait, irq,
-    softirq, steal, ...), in ticks."""
-    with open("/proc/stat") as f:
-        return [int(x) for x in f.readline().split()[1:]]
-
-
-def busy_cpus(before: list[int], after: list[int]) -> tuple[float, float]:
-    """(CPUs busy, CPUs stolen by the host) between two ``cpu_times()``."""
-    delta = [b - a for a, b in zip(before, after, strict=False)]
-    total = sum(delta[:8]) or 1
-    cpus = os.cpu_count() or 1
-    idle = delta[3] + delta[4]
-    return (total - idle - delta[7]) / total * cpus, delta[7] / total * cpus
-
-
 class Server:
     """One server of the run, its client objects and its per-window figures."""
 
@@ -117,14 +101,13 @@ async def window(server: Server, rnd: int, seconds: float) -> dict[str, float]:
     run.phase = rnd
     broker = process if isinstance(process, BrokerChild) else None
     use_window = Usage(pid, broker)
-    loop0, switches0, stat0 = thread_cpu(pid, pid), context_switches(pid), cpu_times()
+    loop0, switches0 = thread_cpu(pid, pid), context_switches(pid)
     await paced(RATE, seconds, run.fire)
-    loop1, switches1, stat1 = thread_cpu(pid, pid), context_switches(pid), cpu_times()
+    loop1, switches1 = thread_cpu(pid, pid), context_switches(pid)
     messages = int(RATE * seconds)
     use = use_window.done(messages)
     drained = await run.drain(rnd, DRAIN_TIMEOUT)
     e2e, pub = run.e2e.get(rnd, []), run.publish.get(rnd, [])
-    busy, steal = busy_cpus(stat0, stat1)
     return {
         "e2e_p50_ms": percentile(e2e, 50),
         "e2e_p99_ms": percentile(e2e, 99),
@@ -135,8 +118,8 @@ async def window(server: Server, rnd: int, seconds: float) -> dict[str, float]:
         "loop_runq_ms_per_s": use["server_runq_ms_per_s"],
         "voluntary_cs_per_msg": (switches1[0] - switches0[0]) / messages,
         "involuntary_cs_per_msg": (switches1[1] - switches0[1]) / messages,
-        "machine_busy_cpus": busy,
-        "machine_steal_cpus": steal,
+        "machine_busy_cpus": use["machine_busy_cpus"],
+        "machine_steal_cpus": use["machine_steal_cpus"],
         "client_cpu_share": use["client"],
         "drained": float(drained),
     }
