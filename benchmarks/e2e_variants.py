@@ -53,13 +53,6 @@ BURNS = (250, 450)
 SERVERS = ("relay", *(f"relay+{b}us" for b in BURNS), "memory", "never", "always")
 
 
-def thread_cpu(pid: int, tid: int) -> float:
-    """CPU seconds thread ``tid`` of ``pid`` has used."""
-    with open(f"/proc/{pid}/task/{tid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def context_switches(pid: int) -> tuple[int, int]:
     """(voluntary, involuntary) context switches of all threads of ``pid`` so far."""
     vol = invol = 0
@@ -101,9 +94,9 @@ async def window(server: Server, rnd: int, seconds: float) -> dict[str, float]:
     run.phase = rnd
     broker = process if isinstance(process, BrokerChild) else None
     use_window = Usage(pid, broker)
-    loop0, switches0 = thread_cpu(pid, pid), context_switches(pid)
+    loop0, switches0 = proc_cpu(pid, pid), context_switches(pid)
     await paced(RATE, seconds, run.fire)
-    loop1, switches1 = thread_cpu(pid, pid), context_switches(pid)
+    loop1, switches1 = proc_cpu(pid, pid), context_switches(pid)
     messages = int(RATE * seconds)
     use = use_window.done(messages)
     drained = await run.drain(rnd, DRAIN_TIMEOUT)

@@ -103,9 +103,11 @@ SEQ_SERVERS = ("broker", "noop")
 # -- child processes -------------------------------------------------------------------------
 
 
-def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system, all threads) a process has used so far."""
-    with open(f"/proc/{pid}/stat") as f:
+def proc_cpu(pid: int, tid: int | None = None) -> float:
+    """CPU seconds (user + system) a process has used so far: all its threads, or thread
+    ``tid`` of it alone."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
