@@ -3,8 +3,8 @@
 The start of the asset graph (``topics`` -> ``object_manifest`` -> ``parquet_partitions``;
 ``object_manifest`` and ``topics`` -> ``wal_prune_marks``). The brokers write it; Dagster only
 observes it, from one etcd read (:func:`danube_ingest.metadata.overview.read_overview`): the
-topic list, owners, offset reservations, manifest ends, ingest clocks, subscription cursors and
-their lag behind the uploaded end, and prune marks.
+topic list, owners, offset reservations, manifest ends, ingest clocks, and subscription cursors
+with their lag behind the uploaded end (the prune marks are ``wal_prune_marks``' metadata).
 
 One asset for all topics, with a per-topic table in its metadata, rather than one asset per
 topic: Dagster's asset definitions are fixed when the code location loads, so per-topic assets
@@ -45,21 +45,22 @@ def _when(ms: int) -> str:
 
 
 def _row(t: TopicProgress) -> str:
-    owner = f"{t.owner.broker_id} (epoch {t.owner.epoch})" if t.owner else "-"
+    owner = f"{t.owner.broker_id} e{t.owner.epoch}" if t.owner else "-"
     clock = f"{t.clock.offset} @ {_when(t.clock.ingest_ms)}" if t.clock else "-"
     lags = ", ".join(
         f"{name}: {'no cursor' if lag is None else lag}" for name, lag in sorted(t.lags().items())
     )
-    marks = ", ".join(f"{b}/{r}: {m}" for (b, r), m in sorted(t.marks.items()))
     return (
-        f"| {t.name} | {owner} | {t.reserved} | {t.manifest_end} | {t.ranges} | {clock} "
-        f"| {lags or '-'} | {marks or '-'} |"
+        f"| {t.name} | {owner} | {t.manifest_end} | {lags or '-'} | {clock} | {t.reserved} "
+        f"| {t.ranges} |"
     )
 
 
 def topics_version(overview: Overview) -> str:
-    """The data version of ``topics``: it changes with any figure but a clock's time (an idle
-    topic's clock advances every few seconds without new data: not a change worth recording)."""
+    """The data version of ``topics``: it changes with any figure the table shows but a clock's
+    time (an idle topic's clock advances every few seconds without new data: not a change
+    worth recording). Prune marks are not part of it: they are ``wal_prune_marks``, downstream,
+    and would make every mark run change its own upstream."""
     figures = [
         [
             t.name,
@@ -69,7 +70,6 @@ def topics_version(overview: Overview) -> str:
             t.ranges,
             t.clock.offset if t.clock else None,
             sorted(t.cursors.items()),
-            sorted([list(k), v] for k, v in t.marks.items()),
         ]
         for t in overview.topics.values()
     ]
@@ -78,18 +78,18 @@ def topics_version(overview: Overview) -> str:
 
 def topics_metadata(overview: Overview) -> dict[str, Any]:
     """What an observation of ``topics`` records: counts, lag totals, the slowest clock and a
-    table of up to ``MAX_LISTED`` topics (owner, reserved offsets, manifest end, ranges, clock,
-    each subscription's lag behind the uploaded end, prune marks)."""
+    table of up to ``MAX_LISTED`` topics (owner and epoch, manifest end, each subscription's lag
+    behind the uploaded end, clock, offsets reserved, ranges)."""
     progress = list(overview.topics.values())
     lags = [lag for t in progress for lag in t.lags().values() if lag is not None]
     clocks = [t.clock.ingest_ms for t in progress if t.clock is not None]
     rows = "\n".join(_row(t) for t in progress[:MAX_LISTED])
     if len(progress) > MAX_LISTED:
-        rows += f"\n| ... and {len(progress) - MAX_LISTED} more | | | | | | | |"
+        rows += f"\n| ... and {len(progress) - MAX_LISTED} more | | | | | | |"
     table = (
-        "| topic | owner | offsets reserved | manifest end | ranges | clock (offset @ UTC) "
-        "| subscriptions (lag) | prune marks |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- |\n" + rows
+        "| topic | owner, epoch | manifest end | subscriptions: lag | clock: offset @ UTC "
+        "| offsets reserved | ranges |\n"
+        "| --- | --- | --- | --- | --- | --- | --- |\n" + rows
     )
     metadata: dict[str, Any] = {
         "topics": len(progress),
@@ -119,8 +119,8 @@ def topics_observation(overview: Overview) -> AssetObservation:
     key=TOPICS_KEY,
     group_name="topics",
     tags={"dagster/kind/etcd": ""},
-    description="Every topic the brokers keep in etcd: owner, offsets reserved, manifest end, "
-    "ingest clock, each subscription's lag behind the uploaded end, prune marks. Written by "
+    description="Every topic the brokers keep in etcd: owner, manifest end, each "
+    "subscription's lag behind the uploaded end, ingest clock, offsets reserved. Written by "
     "the brokers; observed by prune_marks_sensor (when it changed) and the Observe button.",
 )
 def topics(etcd: EtcdResource) -> ObserveResult:

@@ -109,12 +109,12 @@ async def test_observation_of_a_real_daemons_topic(
     (row,) = [line for line in metadata["per_topic"].splitlines() if TOPIC in line]
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[0] == TOPIC
-    assert cells[1].startswith("broker-1 (epoch ")
-    assert int(cells[2]) >= 40  # offsets reserved: at least what was assigned
-    assert cells[3] == "40"  # manifest end
-    assert cells[5].startswith("40 @ ")  # the clock
-    assert cells[6] == "s1: 25"
-    assert cells[7] == "-"  # no prune mark yet
+    assert cells[1].startswith("broker-1 e")  # owner and epoch
+    assert cells[2] == "40"  # manifest end
+    assert cells[3] == "s1: 25"  # lag behind the uploaded end
+    assert cells[4].startswith("40 @ ")  # the clock
+    assert int(cells[5]) >= 40  # offsets reserved: at least what was assigned
+    assert cells[6] == "1"  # ranges
     # The sensor records the same observation without a run, and asks for the mark of 15.
     assert isinstance(evaluated, SensorResult)
     (observation,) = evaluated.asset_events

@@ -264,7 +264,7 @@ async def test_sensor_requests_a_run_only_when_a_mark_would_move(
         done = await asyncio.to_thread(_evaluate, resource, instance, pending.cursor)
         assert not done.run_requests
         assert json.loads(done.cursor or "")["requested"] == {}
-        assert [e.asset_key for e in done.asset_events] == [TOPICS_KEY]  # the mark changed
+        assert [e.asset_key for e in done.asset_events] == [TOPICS_KEY]  # the cursor moved
         fresh = await asyncio.to_thread(_evaluate, resource, instance, None)
         assert not fresh.run_requests
         quiet = await asyncio.to_thread(_evaluate, resource, instance, done.cursor)
