@@ -27,7 +27,6 @@ import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any
 
 from dagster import (
     AssetExecutionContext,
@@ -210,12 +209,19 @@ prune_marks_job = define_asset_job(
 )
 
 
-def _requested(cursor: str | None) -> dict[str, tuple[int, int]]:
-    """The sensor cursor: topic -> (mark requested, when in ms)."""
-    if not cursor:
-        return {}
-    raw: dict[str, Any] = json.loads(cursor).get("requested", {})
-    return {topic: (int(mark), int(at_ms)) for topic, (mark, at_ms) in raw.items()}
+def _read_cursor(cursor: str) -> tuple[dict[str, tuple[int, int]], str | None]:
+    """The sensor cursor: topic -> (mark requested, when in ms), and the data version of the
+    last ``topics`` observation. ``ValueError`` if it is not one the sensor wrote."""
+    try:
+        state = json.loads(cursor)
+        requested = {
+            str(topic): (int(mark), int(at_ms))
+            for topic, (mark, at_ms) in state.get("requested", {}).items()
+        }
+        observed = state.get("observed")
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"unreadable prune_marks_sensor cursor {cursor!r}: {exc}") from exc
+    return requested, observed if isinstance(observed, str) else None
 
 
 def marks_to_request(
@@ -256,17 +262,26 @@ def marks_to_request(
 def prune_marks_sensor(context: SensorEvaluationContext, etcd: EtcdResource) -> SensorResult:
     """One etcd transaction per evaluation; a run only when a mark would move. The cursor keeps
     the marks requested and not yet stored (so a queued run is not requested again) and the
-    digest of the last ``topics`` observation (so an unchanged system records none)."""
-    state = json.loads(context.cursor) if context.cursor else {}
+    digest of the last ``topics`` observation (so an unchanged system records none); a cursor
+    it cannot read is logged (naming it) and replaced."""
+    requested: dict[str, tuple[int, int]] = {}
+    observed: str | None = None
+    if context.cursor:
+        try:
+            requested, observed = _read_cursor(context.cursor)
+        except ValueError as exc:
+            # The cursor only saves asking twice and observing twice: starting afresh is safe
+            # (a run moves marks forward only), so an edited cursor costs one extra run.
+            context.log.warning(f"{exc}; starting from an empty cursor")
 
     async def read() -> Overview:
         async with etcd.connect() as (kv, keys):
             return await read_overview(kv, keys)
 
     overview = asyncio.run(read())
-    due, outstanding = marks_to_request(overview, _requested(context.cursor), now_ms())
+    due, outstanding = marks_to_request(overview, requested, now_ms())
     digest = topics_version(overview)
-    events = [] if digest == state.get("observed") else [topics_observation(overview)]
+    events = [] if digest == observed else [topics_observation(overview)]
     runs = []
     if due:
         topics = [d.topic for d in due]

@@ -305,6 +305,22 @@ async def test_sensor_asks_again_when_a_requested_mark_was_never_stored(
     assert [(d.topic, d.mark) for d in later] == [("/default/r", 40)]
 
 
+async def test_an_unreadable_cursor_is_replaced(
+    etcd_server: str, etcd_kv: EtcdKV, keys: Keys
+) -> None:
+    await _register(etcd_kv, keys, "b1", regions=1)
+    await _topic(etcd_kv, keys, "/default/c", manifest_end=30)
+    resource = EtcdResource(endpoints=etcd_server, prefix=keys.prefix)
+    with DagsterInstance.ephemeral() as instance:
+        for edited in ("not json", '{"requested": {"/default/c": 5}}', "[1, 2]"):
+            result = await asyncio.to_thread(_evaluate, resource, instance, edited)
+            (request,) = result.run_requests or []
+            assert request.run_config["ops"]["wal_prune_marks"]["config"]["topics"] == [
+                "/default/c"
+            ]
+            assert json.loads(result.cursor or "")["requested"]["/default/c"][0] == 30
+
+
 def test_run_config_names_topics_that_can_be_marks() -> None:
     resource = EtcdResource(endpoints=f"http://127.0.0.1:{free_port()}")
     with DagsterInstance.ephemeral() as instance:
