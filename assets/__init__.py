@@ -8,7 +8,13 @@
 * :mod:`assets.retention` - jobs ``object_retention`` (objects and tables) and
   ``etcd_compaction``.
 * :mod:`assets.rotation` - job ``rotate_topics`` and its ``rotation_sensor``.
-* :mod:`assets.wal_marks` - ``wal_prune_marks``: per-topic WAL prune marks in etcd.
+* :mod:`assets.topics` - ``topics``: the observable source asset every other asset starts
+  from (per-topic offsets, clocks, subscription lag and prune marks, read from etcd).
+* :mod:`assets.wal_marks` - ``wal_prune_marks``: per-topic WAL prune marks in etcd, job
+  ``prune_marks`` and the ``prune_marks_sensor`` that requests it when a mark would move.
+
+Edges: ``topics`` -> ``object_manifest`` -> ``wal_prune_marks`` (which also reads ``topics``'
+cursors).
 """
 
 from assets.objects import (
@@ -26,7 +32,8 @@ from assets.parquet import (
 )
 from assets.retention import etcd_compaction, object_retention
 from assets.rotation import rotate_topics, rotation_sensor
-from assets.wal_marks import wal_prune_marks
+from assets.topics import topics
+from assets.wal_marks import prune_marks_job, prune_marks_sensor, wal_prune_marks
 
 __all__ = [
     "etcd_compaction",
@@ -40,7 +47,10 @@ __all__ = [
     "parquet_job",
     "parquet_partitions",
     "parquet_topics_sensor",
+    "prune_marks_job",
+    "prune_marks_sensor",
     "rotate_topics",
     "rotation_sensor",
+    "topics",
     "wal_prune_marks",
 ]

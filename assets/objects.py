@@ -26,6 +26,7 @@ from dagster import (
     op,
 )
 
+from assets.topics import TOPICS_KEY
 from danube_ingest.objects.orphans import (
     DEFAULT_GRACE_S,
     IntegrityReport,
@@ -91,6 +92,7 @@ def object_gc() -> None:
 #: (rotation and retention change them from Dagster). External: Dagster never materializes it.
 object_manifest = AssetSpec(
     "object_manifest",
+    deps=[TOPICS_KEY],
     group_name="objects",
     kinds={"etcd"},
     description=(

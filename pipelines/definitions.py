@@ -23,23 +23,14 @@ from assets import (
     parquet_job,
     parquet_partitions,
     parquet_topics_sensor,
+    prune_marks_job,
+    prune_marks_sensor,
     rotate_topics,
     rotation_sensor,
+    topics,
     wal_prune_marks,
 )
 from pipelines.resources import ConvertJobResource, EtcdResource, ObjectStoreResource
-
-prune_marks_job = define_asset_job(
-    "prune_marks", selection=AssetSelection.assets(wal_prune_marks), tags={"kind": "wal"}
-)
-
-#: Every minute: a mark lets the brokers' cleaners free WAL up to a minute after the data was
-#: uploaded and consumed (the cleaner falls back to the cursors itself while no mark exists).
-prune_marks_schedule = ScheduleDefinition(
-    job=prune_marks_job,
-    cron_schedule="* * * * *",
-    default_status=DefaultScheduleStatus.RUNNING,
-)
 
 parquet_checks_job = define_asset_job(
     "parquet_checks",
@@ -91,7 +82,7 @@ etcd_compaction_schedule = ScheduleDefinition(
 )
 
 defs = Definitions(
-    assets=[wal_prune_marks, parquet_partitions, object_manifest],
+    assets=[topics, object_manifest, parquet_partitions, wal_prune_marks],
     asset_checks=[*parquet_checks, manifest_integrity_checks],
     jobs=[
         prune_marks_job,
@@ -105,7 +96,6 @@ defs = Definitions(
         rotate_topics,
     ],
     schedules=[
-        prune_marks_schedule,
         parquet_checks_schedule,
         parquet_collect_schedule,
         object_gc_schedule,
@@ -113,7 +103,10 @@ defs = Definitions(
         object_retention_schedule,
         etcd_compaction_schedule,
     ],
-    sensors=[parquet_topics_sensor, rotation_sensor],
+    # prune_marks_sensor: a prune_marks run only when a mark would move (a mark lets the
+    # brokers' cleaners free WAL about a minute after the data was uploaded and consumed; the
+    # cleaner falls back to the cursors itself while no mark exists).
+    sensors=[prune_marks_sensor, parquet_topics_sensor, rotation_sensor],
     resources={
         "etcd": EtcdResource.from_env(),
         "objects": ObjectStoreResource.from_env(),
