@@ -177,6 +177,7 @@ async def test_sensor_shows_an_hourly_tables_complete_hours_and_requests_them_on
     assert await asyncio.to_thread(evaluate, cursor) == ([], [], "{}")
 
 
+@pytest.mark.slow
 async def test_a_minute_table_made_mid_hour_reaches_parquet_minute_by_minute(
     etcd_kv: EtcdKV, etcd_server: str, keys: Keys, instance: DagsterInstance, tmp_path: Path
 ) -> None:
