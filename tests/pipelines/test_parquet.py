@@ -133,6 +133,17 @@ def _materialize(
     )
 
 
+def _run_job(
+    instance: DagsterInstance, resources: dict[str, object], request: RunRequest
+) -> ExecuteInProcessResult:
+    """The sensor's job ``parquet`` (as the location defines it) run for ``request``."""
+    from pipelines.definitions import defs
+
+    return defs.resolve_job_def("parquet").execute_in_process(
+        instance=instance, resources=resources, tags=request.tags, raise_on_error=False
+    )
+
+
 def _metadata(result: ExecuteInProcessResult) -> dict[str, object]:
     assert result.success, _failure(result)
     # One materialization per partition of the run, all with the run's metadata.
@@ -182,8 +193,9 @@ async def test_a_minute_table_made_mid_hour_reaches_parquet_minute_by_minute(
     etcd_kv: EtcdKV, etcd_server: str, keys: Keys, instance: DagsterInstance, tmp_path: Path
 ) -> None:
     """Issue 22: a 60 s table made at 10:37 (as ``tables convert --width-s 60`` makes it) is
-    shown from 10:37, not from an hour grid; the sensor's run converts its complete minutes;
-    the next minute is requested as soon as the clock passes it (no waiting for the hour)."""
+        shown from 10:37, not from an hour grid; the sensor's run converts its complete minutes;
+        the next minute is requested as soon as the clock passes it (no waiting for the hour). The
+    runs are the location's job ``parquet`` executed with the sensor's run requests."""
     objects = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
     # Two hours of entries, the clock at 11:05:00.001 (minutes up to 11:04 complete).
     await publish_topic(etcd_kv, keys, hours=2, objects=objects)
@@ -199,7 +211,7 @@ async def test_a_minute_table_made_mid_hour_reaches_parquet_minute_by_minute(
     assert _range(request) == (added[0], added[-1])
 
     resources = _resources(etcd_server, keys, tmp_path)
-    result = await asyncio.to_thread(_materialize, instance, resources, tags=request.tags)
+    result = await asyncio.to_thread(_run_job, instance, resources, request)
     metadata = _metadata(result)
     assert (metadata["partitions"], metadata["skipped"]) == (len(minutes), 0)
     assert metadata["rows"] == 600 + 50 - 370  # offsets 370..649: 10:37 to 11:05
@@ -213,9 +225,7 @@ async def test_a_minute_table_made_mid_hour_reaches_parquet_minute_by_minute(
     added, requests, cursor = await asyncio.to_thread(evaluate, cursor)
     nxt = partition_key(TOPIC, H0 + HOUR + 5 * MINUTE)
     assert (added, [_range(r) for r in requests]) == ([nxt], [(nxt, nxt)])
-    metadata = _metadata(
-        await asyncio.to_thread(_materialize, instance, resources, tags=requests[0].tags)
-    )
+    metadata = _metadata(await asyncio.to_thread(_run_job, instance, resources, requests[0]))
     assert (metadata["partitions"], metadata["rows"]) == (1, 10)
     assert await asyncio.to_thread(evaluate, cursor) == ([], [], "{}")
 
