@@ -172,10 +172,12 @@ async def test_sensor_shows_an_hourly_tables_complete_hours_and_requests_them_on
     await publish_topic(etcd_kv, keys, hours=3, extra_ms=HOUR // 2)
     evaluate = _sensor(instance, EtcdResource(endpoints=etcd_server, prefix=keys.prefix))
     hours = [partition_key(TOPIC, H0 + i * HOUR) for i in range(3)]
+    # A key added by hand that names no table partition is ignored, not fatal.
+    instance.add_dynamic_partitions(PARTITIONS, ["by-hand"])
     added, requests, cursor = await asyncio.to_thread(evaluate, None)
     # The three complete hours, not the fourth (its clock is only half-way through it).
     assert added == hours == ["/default/orders@2026-11-23T10:00", *hours[1:]]
-    assert instance.get_dynamic_partitions(PARTITIONS) == hours
+    assert instance.get_dynamic_partitions(PARTITIONS) == ["by-hand", *hours]
     # One run for the topic's range of consecutive keys.
     assert [_range(r) for r in requests] == [(hours[0], hours[-1])]
     assert requests[0].tags["danube/topic"] == TOPIC
