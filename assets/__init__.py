@@ -1,7 +1,8 @@
 """Dagster assets of the control plane (minute-scale work on etcd and the object store).
 
-* :mod:`assets.parquet` - ``parquet_partitions``: committed Parquet per topic and hour, its
-  sensor and checks; job ``parquet_collect`` (dead runs' staging, unheld draining renditions).
+* :mod:`assets.parquet` - ``parquet_partitions``: committed Parquet, one partition per table
+  partition, its sensor and checks; job ``parquet_collect`` (dead runs' staging, unheld
+  draining renditions).
 * :mod:`assets.objects` - job ``object_gc`` (orphaned objects); the external asset
   ``object_manifest`` with its checks ``objects_intact`` and ``ranges_contiguous`` (job
   ``manifest_integrity``).

@@ -1,17 +1,25 @@
-"""``parquet_partitions``: a topic's committed Parquet, one Dagster partition per topic and hour.
+"""``parquet_partitions``: a topic's committed Parquet, one Dagster partition per table partition.
 
-Partitions are a ``MultiPartitionsDefinition`` of a dynamic ``topic`` dimension (added by
-``parquet_topics_sensor`` from etcd) and an hourly ``hour`` dimension (UTC). Dagster groups a
-single-run backfill's keys by the dimension with fewer selected values, so a backfill of one
-topic over many hours is ONE run (one Spark job: the program converts one topic per run);
-a backfill over N topics is N runs. Tables narrower than an hour (created by ``tables
-convert``) appear as hour partitions that group their minute partitions: an hour is requested
-once all its minutes are complete, and its run converts every minute of it.
+Partitions are one ``DynamicPartitionsDefinition`` (``danube_table_partitions``) whose keys
+name a topic and a partition start, ``/default/orders@2026-11-23T10:37`` (UTC, minute
+precision): exactly the partitions of each topic's table, from its ``since`` on, a minute each
+for a 60 s table and an hour each for an hourly one. ``parquet_topics_sensor`` adds them from
+etcd as they become complete, so Dagster shows no partition that cannot be converted, and a
+backfill over every partition converts exactly what exists.
 
-The asset is thin: it starts the conversion program (``ConvertJobResource``) through
-``PipesSubprocessClient`` for exactly its partitions, one process per topic, and reports what
-etcd then records for them (rows, first/last offset, files) as materialization metadata. The
-program commits each partition exactly once, so a rerun or an overlapping run is harmless.
+The asset is thin: per topic it sorts its partitions with ``preflight.preflight`` (etcd and the
+store's listing only, seconds), then starts the conversion program (``ConvertJobResource``)
+through Pipes for those to convert, and reports what etcd then records for them (rows,
+first/last offset, files) as materialization metadata. A key that is not a partition of the
+table (before its ``since``, off its grid) is skipped and listed, never a failure. A run that
+cannot convert fails with the cause as its message (partition not complete, object missing,
+etcd unreachable, or the program's own error as it reported it through Pipes), and the asset's
+check ``converted`` records the cause as metadata. The program commits each partition exactly
+once, so a rerun or an overlapping run is harmless.
+
+Backfills use ``BackfillPolicy.single_run()``: Dagster cuts the selected keys into ranges of
+consecutive keys (in the order the sensor added them) and launches one run per range; a run
+converts one topic per program. Keys of one topic added in one sensor tick are consecutive.
 
 Checks (``danube_ingest.analytics.checks``), over every table of the active renditions:
 ``rows_match_offsets``, ``frontier_contiguous``, ``files_intact``.
@@ -22,32 +30,37 @@ counts as metadata.
 
 import asyncio
 import json
+import os
+import subprocess
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dagster import (
     AddDynamicPartitionsRequest,
     AssetCheckExecutionContext,
+    AssetCheckKey,
     AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
     AssetExecutionContext,
+    AssetKey,
     AssetSelection,
     BackfillPolicy,
+    DagsterRunStatus,
     DefaultSensorStatus,
     DynamicPartitionsDefinition,
     Failure,
-    HourlyPartitionsDefinition,
     MaterializeResult,
     MetadataValue,
-    MultiPartitionKey,
-    MultiPartitionsDefinition,
     OpExecutionContext,
     Output,
     PipesSubprocessClient,
     RunRequest,
+    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -56,70 +69,87 @@ from dagster import (
     define_asset_job,
     job,
     op,
+    open_pipes_session,
     sensor,
 )
-
-# Not exported by `dagster` (1.13): what PipesSubprocessClient raises when the program fails.
-from dagster._core.errors import DagsterPipesExecutionError
+from dagster._core.storage.tags import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+)
 
 from danube_ingest.analytics.checks import (
-    HOUR_MS,
     CheckFinding,
     check_contiguity,
     check_files,
     check_rows,
     committed_parts,
-    pending_hours,
     topics_with_manifest,
 )
+from danube_ingest.analytics.convert import ConvertError, pending_partitions
 from danube_ingest.analytics.lifecycle import CollectResult, collect
+from danube_ingest.analytics.preflight import Preflight, preflight, table_starts
+from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata import KV, Keys
+from danube_ingest.metadata.errors import MetadataUnavailableError
 from danube_ingest.objects.store import ObjectStore
 from pipelines.resources import ConvertJobResource, EtcdResource, ObjectStoreResource
 
-TOPIC_DIM = "topic"
-HOUR_DIM = "hour"
-#: The first hour Dagster can show. Earlier hours of a topic are converted by ``tables convert``
-#: (the sensor skips them); a later start would hide hours already committed.
 T = TypeVar("T")
 
-HOURS_START = "2026-01-01-00:00"
-HOUR_FORMAT = "%Y-%m-%d-%H:%M"
+PARTITIONS = "danube_table_partitions"
+"""The dynamic partitions of ``parquet_partitions``: one key per table partition."""
+table_partitions = DynamicPartitionsDefinition(name=PARTITIONS)
+KEY_SEPARATOR = "@"
+START_FORMAT = "%Y-%m-%dT%H:%M"
 
-TOPICS = "danube_topics"
-"""The dynamic partitions of the ``topic`` dimension."""
-topics_partitions = DynamicPartitionsDefinition(name=TOPICS)
-hours_partitions = HourlyPartitionsDefinition(start_date=HOURS_START, timezone="UTC")
-parquet_partitions_def = MultiPartitionsDefinition(
-    {TOPIC_DIM: topics_partitions, HOUR_DIM: hours_partitions}
-)
-
-#: A requested hour still pending this long after its request (its run failed or was lost) is
-#: requested again.
+#: A requested partition still pending this long after its request (its run failed or was
+#: lost) is requested again.
 RETRY_AFTER_MS = 15 * 60 * 1000
+#: Keys the sensor adds per topic and tick: a day of minute partitions. A table whose since is
+#: long ago is shown in full over a few ticks rather than in one enormous request.
+ADD_LIMIT = 1440
+#: Run statuses during which a topic's run is in flight: the sensor requests nothing more of
+#: that topic until it ends (a minute table then gets one run per run's length, not per minute).
+IN_FLIGHT = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+]
+TOPIC_TAG = "danube/topic"
+
+CONVERTED = "converted"
+"""The asset's own check: whether the run converted every partition it was asked for."""
+converted_check_key = AssetCheckKey(AssetKey("parquet_partitions"), CONVERTED)
 
 
-def hour_key(start_ms: int) -> str:
-    """The ``hour`` dimension key of the hour starting at ``start_ms``."""
-    return datetime.fromtimestamp(start_ms / 1000, UTC).strftime(HOUR_FORMAT)
+def partition_key(topic: str, start_ms: int) -> str:
+    """The partition key of ``topic``'s table partition starting at ``start_ms``."""
+    start = datetime.fromtimestamp(start_ms / 1000, UTC).strftime(START_FORMAT)
+    return f"{topic}{KEY_SEPARATOR}{start}"
 
 
-def hour_start_ms(key: str) -> int:
-    """The start (ms) of the hour named by an ``hour`` dimension key."""
-    return int(datetime.strptime(key, HOUR_FORMAT).replace(tzinfo=UTC).timestamp() * 1000)
+def parse_partition_key(key: str) -> tuple[str, int]:
+    """``(topic, start_ms)`` of a partition key; ``Failure`` naming a key of another form."""
+    topic, _, start = key.rpartition(KEY_SEPARATOR)
+    try:
+        moment = datetime.strptime(start, START_FORMAT).replace(tzinfo=UTC)
+    except ValueError:
+        moment = None
+    if not topic or moment is None:
+        raise Failure(
+            f"partition key {key!r} is not of the form /namespace/topic@YYYY-MM-DDTHH:MM (UTC); "
+            f"remove it from {PARTITIONS} and let parquet_topics_sensor add the table's keys"
+        )
+    return topic, int(moment.timestamp() * 1000)
 
 
-def partition_key(topic: str, start_ms: int) -> MultiPartitionKey:
-    """The asset partition of ``topic``'s hour starting at ``start_ms``."""
-    return MultiPartitionKey({TOPIC_DIM: topic, HOUR_DIM: hour_key(start_ms)})
-
-
-def _hours_by_topic(keys: list[str]) -> dict[str, list[int]]:
+def _starts_by_topic(keys: Sequence[str]) -> dict[str, list[int]]:
     by_topic: dict[str, set[int]] = defaultdict(set)
     for key in keys:
-        dims = parquet_partitions_def.get_partition_key_from_str(key).keys_by_dimension
-        by_topic[dims[TOPIC_DIM]].add(hour_start_ms(dims[HOUR_DIM]))
-    return {topic: sorted(hours) for topic, hours in sorted(by_topic.items())}
+        topic, start = parse_partition_key(key)
+        by_topic[topic].add(start)
+    return {topic: sorted(starts) for topic, starts in sorted(by_topic.items())}
 
 
 def _run_etcd(etcd: EtcdResource, work: Callable[[KV, Keys], Awaitable[T]]) -> T:
@@ -130,14 +160,132 @@ def _run_etcd(etcd: EtcdResource, work: Callable[[KV, Keys], Awaitable[T]]) -> T
     return asyncio.run(run())
 
 
+class _Refused(Exception):
+    """Why a run cannot convert: its message and cause, for the failure and the check."""
+
+    def __init__(self, message: str, cause: str, *, retriable: bool) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.retriable = retriable
+
+
+def _cause(exc: DanubeIngestError) -> str:
+    if isinstance(exc, ConvertError):
+        return exc.cause
+    if isinstance(exc, MetadataUnavailableError):
+        return "etcd_unreachable"
+    return type(exc).__name__
+
+
+def _preflight(
+    etcd: EtcdResource, objects: ObjectStoreResource, topic: str, starts: list[int]
+) -> Preflight:
+    """``preflight.preflight`` of the run's partitions of ``topic``; ``_Refused`` with the
+    cause when it refuses them or etcd cannot be reached."""
+
+    async def work(kv: KV, keys: Keys) -> Preflight:
+        async with objects.open() as store:
+            return await preflight(kv, keys, topic, starts, objects=store)
+
+    try:
+        return _run_etcd(etcd, work)
+    except DanubeIngestError as exc:
+        cause = _cause(exc)
+        where = f" at {etcd.endpoints}" if cause == "etcd_unreachable" else ""
+        raise _Refused(
+            f"cannot convert {topic}{where}: {exc}", cause, retriable=bool(exc.retriable)
+        ) from exc
+
+
+def _convert(
+    context: AssetExecutionContext,
+    client: PipesSubprocessClient,
+    command: list[str],
+    env: dict[str, str],
+    topic: str,
+) -> int:
+    """Run the conversion program through Pipes; the number of partitions it reported.
+    ``_Refused`` with the error the program reported through Pipes when it fails (else its
+    exit code and where its output is)."""
+    with open_pipes_session(
+        context=context,
+        context_injector=client.context_injector,
+        message_reader=client.message_reader,
+    ) as session:
+        process = subprocess.Popen(
+            command,
+            cwd=client.cwd,
+            env={**os.environ, **client.env, **env, **session.get_bootstrap_env_vars()},
+        )
+        code = process.wait()
+    messages: list[Any] = list(session.get_custom_messages())
+    if code == 0:
+        return sum(1 for m in messages if isinstance(m, dict) and "start_ms" in m)
+    errors = [m for m in messages if isinstance(m, dict) and "error" in m]
+    if errors:
+        error = errors[-1]
+        raise _Refused(
+            f"the conversion program failed for {topic}: {error['error']}",
+            str(error.get("cause", "conversion")),
+            retriable=bool(error.get("retriable", False)),
+        )
+    raise _Refused(
+        f"the conversion program failed for {topic} with exit code {code} before reporting "
+        "why; its output is in this step's stderr (partitions it committed stay committed)",
+        "program_crashed",
+        retriable=True,
+    )
+
+
+def _commit_rows(
+    etcd: EtcdResource, topic: str, starts: list[int]
+) -> tuple[list[tuple[str, int, int, int, int]], list[str]]:
+    """``(key, rows, first offset, last offset, files)`` of each of ``starts`` committed, and
+    the keys of those not committed."""
+    _, commits = _run_etcd(etcd, partial(committed_parts, topic=topic))
+    by_start = {c.start_ms: c for c in commits}
+    rows, missing = [], []
+    for start in starts:
+        commit = by_start.get(start)
+        if commit is None:
+            missing.append(partition_key(topic, start))
+            continue
+        rows.append(
+            (
+                partition_key(topic, start),
+                commit.rows,
+                commit.first_offset if commit.rows else -1,
+                commit.last_offset if commit.rows else -1,
+                len(commit.files),
+            )
+        )
+    return rows, missing
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> MetadataValue:
+    text = "| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n"
+    text += "\n".join("| " + " | ".join(str(v) for v in r) + " |" for r in rows)
+    return MetadataValue.md(text if rows else "none")
+
+
 @asset(
-    partitions_def=parquet_partitions_def,
+    partitions_def=table_partitions,
     backfill_policy=BackfillPolicy.single_run(),
+    deps=[AssetKey("object_manifest")],
+    check_specs=[
+        AssetCheckSpec(
+            CONVERTED,
+            asset="parquet_partitions",
+            description="The run converted every partition it was asked for; when not, its "
+            "metadata say why (cause: not_complete, object_missing, etcd_unreachable, ...).",
+        )
+    ],
     group_name="analytics",
     kinds={"spark", "parquet"},
     description=(
-        "A topic's messages as committed Hive-style Parquet, one partition per topic and hour "
-        "(the Spark program danube_ingest.analytics.job, launched through Pipes)."
+        "A topic's messages as committed Hive-style Parquet, one partition per table "
+        "partition from the table's since (the Spark program danube_ingest.analytics.job, "
+        "launched through Pipes)."
     ),
 )
 def parquet_partitions(
@@ -146,138 +294,181 @@ def parquet_partitions(
     objects: ObjectStoreResource,
     convert_job: ConvertJobResource,
     pipes_subprocess_client: PipesSubprocessClient,
-) -> MaterializeResult[None]:
-    """Convert exactly this run's topic hours (one program per topic, every partition of the
-    table that starts in those hours); then report their commits from etcd. Fails if the
-    program fails or an hour is left uncommitted."""
-    by_topic = _hours_by_topic(list(context.partition_keys))
+) -> Iterator[MaterializeResult[None] | AssetCheckResult]:
+    """Convert exactly this run's table partitions (one program per topic, only those not
+    committed yet; keys that are not partitions of their table are skipped and listed); then
+    report their commits from etcd. Fails with the cause as message and as the ``converted``
+    check's metadata when a partition cannot be converted; partitions committed before stay."""
+    check = converted_check_key in context.selected_asset_check_keys
+    by_topic = _starts_by_topic(list(context.partition_keys))
     env = {**etcd.child_env(), **objects.child_env(), **convert_job.child_env()}
     reported = 0
-    for topic, hours in by_topic.items():
-        width_s = _run_etcd(etcd, partial(_width_s, topic=topic))
-        starts = [h + i * width_s * 1000 for h in hours for i in range(3600 // width_s)]
-        context.log.info(f"converting topic={topic} hours={len(hours)} partitions={len(starts)}")
-        try:
-            completed = pipes_subprocess_client.run(
-                context=context, command=convert_job.command(topic, starts), env=env
+    rows: list[tuple[str, int, int, int, int]] = []
+    skipped: list[tuple[str, str]] = []
+    try:
+        for topic, starts in by_topic.items():
+            checked = _preflight(etcd, objects, topic, starts)
+            skipped.extend((partition_key(topic, s), why) for s, why in checked.outside.items())
+            context.log.info(
+                f"topic={topic} requested={len(starts)} convert={len(checked.convert)} "
+                f"committed={len(checked.committed)} skipped={len(checked.outside)}"
             )
-        except DagsterPipesExecutionError as exc:
-            shown = ", ".join(hour_key(h) for h in hours)
-            raise Failure(
-                f"the conversion program failed for topic {topic}, hours {shown} ({exc}); its "
-                "error is in this step's stderr (e.g. an hour not complete yet, or an object "
-                "missing or damaged); partitions it committed before failing stay committed",
-                allow_retries=True,
-            ) from exc
-        reported += len(completed.get_results())
-    rows: list[tuple[str, str, int, int, int, int]] = []
-    missing: list[str] = []
-    for topic, hours in by_topic.items():
-        _, commits = _run_etcd(etcd, partial(committed_parts, topic=topic))
-        for hour in hours:
-            inside = [c for c in commits if hour <= c.start_ms < hour + HOUR_MS]
-            if not inside or inside[-1].end_ms != hour + HOUR_MS:
-                missing.append(f"{topic} {hour_key(hour)}")
-                continue
-            offsets = [c for c in inside if c.rows]
-            rows.append(
-                (
-                    topic,
-                    hour_key(hour),
-                    sum(c.rows for c in inside),
-                    offsets[0].first_offset if offsets else -1,
-                    offsets[-1].last_offset if offsets else -1,
-                    sum(len(c.files) for c in inside),
+            if checked.convert:
+                command = convert_job.command(topic, checked.convert)
+                reported += _convert(context, pipes_subprocess_client, command, env, topic)
+            done, missing = _commit_rows(etcd, topic, sorted(checked.convert + checked.committed))
+            if missing:
+                raise _Refused(
+                    f"the conversion left {len(missing)} partition(s) of {topic} uncommitted: "
+                    f"{', '.join(missing[:10])}; run them again",
+                    "uncommitted",
+                    retriable=True,
                 )
+            rows.extend(done)
+    except _Refused as refused:
+        context.log.error(f"conversion refused cause={refused.cause} error={refused}")
+        if check:
+            yield AssetCheckResult(
+                check_name=CONVERTED,
+                passed=False,
+                severity=AssetCheckSeverity.ERROR,
+                metadata={
+                    "cause": refused.cause,
+                    "error": str(refused),
+                    "retriable": refused.retriable,
+                    "committed_before": len(rows),
+                },
             )
-    if missing:
         raise Failure(
-            f"the conversion left {len(missing)} hour(s) uncommitted: {', '.join(missing)}; "
-            "are they complete (the topic clock past their end)? Run the partitions again",
-            allow_retries=True,
-        )
-    table = (
-        "| topic | hour | rows | first offset | last offset | files |\n|---|---|---|---|---|---|\n"
-    )
-    table += "\n".join("| " + " | ".join(str(v) for v in r) + " |" for r in rows)
-    return MaterializeResult(
+            str(refused),
+            metadata={"cause": refused.cause, "retriable": refused.retriable},
+            allow_retries=refused.retriable,
+        ) from refused
+    for key, why in skipped:
+        context.log.info(f"skipped partition={key} reason={why}")
+    with_rows = [r for r in rows if r[2] >= 0]
+    yield MaterializeResult(
         metadata={
-            "rows": sum(r[2] for r in rows),
-            "first_offset": min((r[3] for r in rows if r[3] >= 0), default=-1),
-            "last_offset": max((r[4] for r in rows), default=-1),
-            "files": sum(r[5] for r in rows),
-            "hours": len(rows),
+            "rows": sum(r[1] for r in rows),
+            "first_offset": min((r[2] for r in with_rows), default=-1),
+            "last_offset": max((r[3] for r in with_rows), default=-1),
+            "files": sum(r[4] for r in rows),
+            "partitions": len(rows),
+            "skipped": len(skipped),
             "pipes_reports": reported,
-            "partitions": MetadataValue.md(table),
-        }
+            "table": _md_table(["partition", "rows", "first offset", "last offset", "files"], rows),
+            "skipped_partitions": _md_table(["partition", "why"], skipped),
+        },
+        check_results=(
+            [
+                AssetCheckResult(
+                    check_name=CONVERTED,
+                    passed=True,
+                    metadata={"partitions": len(rows), "skipped": len(skipped)},
+                )
+            ]
+            if check
+            else []
+        ),
     )
 
 
-async def _width_s(kv: KV, keys: Keys, topic: str) -> int:
-    table, _ = await committed_parts(kv, keys, topic)
-    return 3600 if table is None else table.width_s
-
-
-#: The sensor's runs convert only: the checks read every table's files, so they run on their
-#: own schedule (job ``parquet_checks``), not after every hour.
+#: The sensor's runs convert and record the ``converted`` check; the other checks read every
+#: table's files, so they run on their own schedule (job ``parquet_checks``).
 parquet_job = define_asset_job(
     "parquet",
-    selection=AssetSelection.assets(parquet_partitions).without_checks(),
+    selection=AssetSelection.assets(parquet_partitions).without_checks()
+    | AssetSelection.checks(converted_check_key),
     tags={"kind": "analytics"},
 )
 
 
+def _segments(order: Sequence[str], wanted: set[str]) -> list[list[str]]:
+    """``wanted`` cut into runs of keys consecutive in ``order`` (what one range names)."""
+    segments: list[list[str]] = []
+    previous = False
+    for key in order:
+        if key in wanted:
+            if previous:
+                segments[-1].append(key)
+            else:
+                segments.append([key])
+        previous = key in wanted
+    return segments
+
+
 @sensor(
     job=parquet_job,
-    minimum_interval_seconds=60,
+    minimum_interval_seconds=30,
     default_status=DefaultSensorStatus.RUNNING,
-    description="Adds every reliable topic with objects as a partition and requests its "
-    "complete, uncommitted hours.",
+    description="Adds every complete partition of every reliable topic's table as a "
+    "partition of parquet_partitions and requests the uncommitted ones.",
 )
 def parquet_topics_sensor(context: SensorEvaluationContext, etcd: EtcdResource) -> SensorResult:
-    """One pass over etcd: new topics become ``topic`` partitions; each topic's complete,
-    uncommitted hours are requested, except those requested less than ``RETRY_AFTER_MS`` ago
-    (the cursor: ``{topic: {hour_ms: requested_ms}}``)."""
+    """One pass over etcd: each topic's complete table partitions not shown yet become keys
+    (from the table's ``since``, ``ADD_LIMIT`` per tick); each topic's pending partitions (complete,
+    not committed) are requested as one run per range of consecutive keys, except while a run
+    of that topic is in flight and those requested less than ``RETRY_AFTER_MS`` ago (the
+    cursor: ``{key: requested_ms}``)."""
+    known = list(context.instance.get_dynamic_partitions(PARTITIONS))
+    last: dict[str, int] = {}
+    for key in known:
+        try:
+            topic, start = parse_partition_key(key)
+        except Failure as exc:
+            # A key added by hand: the asset refuses it when run; it must not stop the sensor.
+            context.log.warning(f"ignored partition={key!r} error={exc.description}")
+            continue
+        last[topic] = max(start, last.get(topic, start))
 
-    async def read(kv: KV, keys: Keys) -> dict[str, list[int]]:
-        return {t: await pending_hours(kv, keys, t) for t in await topics_with_manifest(kv, keys)}
+    async def read(kv: KV, keys: Keys) -> dict[str, tuple[list[int], list[int]]]:
+        found = {}
+        for topic in await topics_with_manifest(kv, keys):
+            new = await table_starts(kv, keys, topic, after_ms=last.get(topic), limit=ADD_LIMIT)
+            found[topic] = (new, await pending_partitions(kv, keys, topic))
+        return found
 
-    pending = _run_etcd(etcd, read)
-    requested: dict[str, dict[str, int]] = json.loads(context.cursor) if context.cursor else {}
-    known = set(context.instance.get_dynamic_partitions(TOPICS))
-    new_topics = [t for t in pending if t not in known]
+    found = _run_etcd(etcd, read)
+    added = [partition_key(t, s) for t, (new, _) in found.items() for s in new]
+    order = known + added
+    shown = set(order)
+    requested: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
     now_ms = int(time.time() * 1000)
-    first_hour = hour_start_ms(HOURS_START)
     runs = []
-    cursor: dict[str, dict[str, int]] = {}
-    for topic, hours in pending.items():
-        before = requested.get(topic, {})
-        kept: dict[str, int] = {}
-        for hour in hours:
-            if hour < first_hour or hour + HOUR_MS > now_ms:
-                continue  # not an hour Dagster shows (yet)
-            at = before.get(str(hour))
-            if at is not None and now_ms - at < RETRY_AFTER_MS:
-                kept[str(hour)] = at
+    cursor: dict[str, int] = {}
+    for topic, (_, pending) in found.items():
+        pending_keys = [k for k in (partition_key(topic, s) for s in pending) if k in shown]
+        busy = context.instance.get_runs(
+            filters=RunsFilter(tags={TOPIC_TAG: topic}, statuses=IN_FLIGHT), limit=1
+        )
+        due: set[str] = set()
+        for key in pending_keys:
+            at = requested.get(key)
+            if busy or (at is not None and now_ms - at < RETRY_AFTER_MS):
+                if at is not None:
+                    cursor[key] = at
                 continue
-            kept[str(hour)] = now_ms
+            due.add(key)
+        for segment in _segments(order, due):
+            cursor.update(dict.fromkeys(segment, now_ms))
             runs.append(
                 RunRequest(
-                    run_key=f"{topic}|{hour}|{now_ms}",
-                    partition_key=partition_key(topic, hour),
-                    tags={"danube/topic": topic},
+                    run_key=f"{segment[0]}|{segment[-1]}|{now_ms}",
+                    tags={
+                        TOPIC_TAG: topic,
+                        ASSET_PARTITION_RANGE_START_TAG: segment[0],
+                        ASSET_PARTITION_RANGE_END_TAG: segment[-1],
+                    },
                 )
             )
-        if kept:
-            cursor[topic] = kept
-    context.log.info(f"topics={len(pending)} new_topics={len(new_topics)} requested={len(runs)}")
+    context.log.info(f"topics={len(found)} added={len(added)} requested={len(runs)}")
     return SensorResult(
         run_requests=runs,
         dynamic_partitions_requests=(
-            [AddDynamicPartitionsRequest(TOPICS, new_topics)] if new_topics else []
+            [AddDynamicPartitionsRequest(PARTITIONS, added)] if added else []
         ),
         cursor=json.dumps(cursor, sort_keys=True),
-        skip_reason=None if runs or new_topics else SkipReason("no complete, uncommitted hour"),
+        skip_reason=None if runs or added else SkipReason("no new or uncommitted partition"),
     )
 
 
@@ -294,8 +485,7 @@ def _check(
 
     topics, findings = _run_etcd(etcd, work)
     shown = "\n".join(
-        f"- {f.topic} {hour_key(f.start_ms - f.start_ms % HOUR_MS)} ({f.start_ms}): {f.problem}"
-        for f in findings[:50]
+        f"- {partition_key(f.topic, f.start_ms)} ({f.start_ms}): {f.problem}" for f in findings[:50]
     )
     return AssetCheckResult(
         passed=not findings,
@@ -385,16 +575,15 @@ def parquet_collect() -> None:
 
 
 __all__ = [
-    "TOPICS",
+    "PARTITIONS",
     "collect_parquet",
-    "hour_key",
-    "hour_start_ms",
+    "converted_check_key",
     "parquet_checks",
     "parquet_collect",
     "parquet_job",
     "parquet_partitions",
-    "parquet_partitions_def",
     "parquet_topics_sensor",
+    "parse_partition_key",
     "partition_key",
-    "topics_partitions",
+    "table_partitions",
 ]

@@ -1,17 +1,9 @@
-"""What the control plane checks and schedules about a topic's table, without Dagster.
-
-The Dagster layer (``assets/parquet.py``) shows a table as one partition per topic and hour,
-so the functions here speak in hours: an *hour* ``[h, h + 1 h)`` groups the table's partitions
-that start in it (one for an hourly table, up to sixty for a minute table).
-
-Scheduling:
+"""What the control plane checks about a topic's tables, without Dagster.
 
 * :func:`topics_with_manifest` - the reliable topics that have objects in the manifest: the
-  topics a table can be made of.
-* :func:`pending_hours` - hours whose every partition is complete (the topic clock passed the
-  hour's end) and at least one of them is not committed yet (``convert.pending_partitions``
-  grouped by hour). Read from etcd at the call; a
-  caller that starts a run on an hour must still expect the run to find it committed.
+  topics a table can be made of. (Which of a table's partitions exist, are complete or are
+  pending: ``preflight.table_starts``, ``preflight.preflight`` and
+  ``convert.pending_partitions``.)
 
 Checks (each returns :class:`CheckFinding`\\ s, empty when the table is sound; they read etcd and
 the warehouse now and change nothing):
@@ -34,12 +26,9 @@ from dataclasses import dataclass
 import crc32c
 import pyarrow.parquet as pq
 
-from danube_ingest.analytics.convert import pending_partitions
-from danube_ingest.analytics.layout import DEFAULT_WIDTH_S, partition_start
 from danube_ingest.analytics.records import PartitionCommit, TableKeys, TableRecord
 from danube_ingest.analytics.renditions import read_table
 from danube_ingest.errors import ObjectNotFoundError
-from danube_ingest.metadata.clock import read_clock
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV
 from danube_ingest.metadata.manifest import Manifest, ObjectRange
@@ -47,19 +36,16 @@ from danube_ingest.metadata.records import Records
 from danube_ingest.objects.store import ObjectStore
 
 __all__ = [
-    "HOUR_MS",
     "CheckFinding",
     "check_contiguity",
     "check_files",
     "check_rows",
     "committed_parts",
-    "pending_hours",
     "topics_with_manifest",
 ]
 
 log = logging.getLogger(__name__)
 
-HOUR_MS = 3_600_000
 #: Files up to this size are read whole to compare their CRC32C; larger ones are checked by
 #: size only, so a check over a long table stays cheap (a 512 MiB file is not fetched).
 CRC_MAX_BYTES = 64 * 1024 * 1024
@@ -85,22 +71,6 @@ async def topics_with_manifest(kv: KV, keys: Keys) -> list[str]:
         if await kv.get_prefix(keys.storage_objects_prefix(record.name)):
             found.append(record.name)
     return found
-
-
-async def pending_hours(kv: KV, keys: Keys, topic: str) -> list[int]:
-    """Starts of the hours of ``topic`` that are complete (the topic clock passed their end)
-    and hold a partition the active rendition has not committed, oldest first.
-
-    Without a table (or an active rendition) every complete hour from the topic's first ingest
-    time is pending: the first conversion creates the table, hourly unless created otherwise.
-    """
-    starts = await pending_partitions(kv, keys, topic)
-    # Read after the partitions: the clock never moves back, so an hour it shows complete is.
-    clock = await read_clock(kv, keys, topic) if starts else None
-    if clock is None:
-        return []
-    hours = {partition_start(start, DEFAULT_WIDTH_S) for start in starts}
-    return sorted(h for h in hours if clock.complete(h + HOUR_MS))
 
 
 async def committed_parts(

@@ -83,6 +83,8 @@ __all__ = [
     "StoreSpec",
     "convert",
     "current_conversion",
+    "first_since",
+    "not_complete_error",
     "pending_partitions",
 ]
 
@@ -104,12 +106,16 @@ class ConvertError(AnalyticsError):
 
     Nothing of the named partition (or of any later one in the run) was committed; partitions
     before it were. ``retriable`` is True when the cause was transient (the store or etcd
-    stayed unreachable), so running the conversion again may succeed.
+    stayed unreachable), so running the conversion again may succeed. ``cause`` names the
+    kind of failure in one word for callers that report it (Dagster's metadata):
+    ``not_complete``, ``before_since``, ``not_a_partition``, ``object_missing``, ``read_failed``
+    or ``conversion`` (anything else).
     """
 
-    def __init__(self, message: str, *, retriable: bool = False) -> None:
+    def __init__(self, message: str, *, retriable: bool = False, cause: str = "conversion") -> None:
         super().__init__(message)
         self.retriable = retriable
+        self.cause = cause
 
 
 @dataclass(frozen=True)
@@ -278,6 +284,19 @@ async def current_conversion(kv: KV, keys: Keys, topic: str) -> tuple[str, str]:
     return CONVERTER_VERSION, schema_ref
 
 
+def first_since(plan_input: PlanInput, width_s: int) -> int:
+    """The ``since`` a first run gives the table it creates: the start of the partition of
+    the topic's first ingest time in the manifest (else of its clock, else of now)."""
+    firsts = [r.first_ingest_ms for r in plan_input.ranges]
+    if firsts:
+        since = min(firsts)
+    elif plan_input.clock is not None:
+        since = plan_input.clock.ingest_ms
+    else:
+        since = _now_ms()
+    return partition_start(since, width_s)
+
+
 async def _ensure_rendition(
     kv: KV, keys: Keys, topic: str, width_s: int, plan_input: PlanInput
 ) -> str:
@@ -285,15 +304,8 @@ async def _ensure_rendition(
     when absent. Safe against concurrent runs: creations are compare-and-swaps."""
     table = await read_table(kv, keys, topic)
     if table is None:
-        firsts = [r.first_ingest_ms for r in plan_input.ranges]
-        if firsts:
-            since = min(firsts)
-        elif plan_input.clock is not None:
-            since = plan_input.clock.ingest_ms
-        else:
-            since = _now_ms()
         table = await create_table(
-            kv, keys, topic, since_ms=partition_start(since, width_s), width_s=width_s
+            kv, keys, topic, since_ms=first_since(plan_input, width_s), width_s=width_s
         )
     if table.active is not None:
         return table.active
@@ -345,7 +357,9 @@ async def pending_partitions(
     return [p.start_ms for p in partitions if p.start_ms not in committed]
 
 
-def _not_complete(topic: str, start: int, width_s: int, plan_input: PlanInput) -> ConvertError:
+def not_complete_error(topic: str, start: int, width_s: int, plan_input: PlanInput) -> ConvertError:
+    """The error refusing ``topic``'s partition ``start``: it is not complete (says where the
+    topic's clock is and when to convert it)."""
     clock = plan_input.clock
     where = (
         "it has no ingest clock yet"
@@ -354,7 +368,8 @@ def _not_complete(topic: str, start: int, width_s: int, plan_input: PlanInput) -
     )
     return ConvertError(
         f"partition {start} ({_iso(start)}, {width_s} s) of {topic} is not complete: {where}; "
-        f"convert it once the topic's clock has passed {_iso(partition_end(start, width_s))}"
+        f"convert it once the topic's clock has passed {_iso(partition_end(start, width_s))}",
+        cause="not_complete",
     )
 
 
@@ -380,11 +395,14 @@ def _choose(
         try:
             partition_end(start, width_s)
         except AnalyticsError as exc:
-            raise ConvertError(f"cannot convert partition {start} of {topic}: {exc}") from exc
+            raise ConvertError(
+                f"cannot convert partition {start} of {topic}: {exc}", cause="not_a_partition"
+            ) from exc
         if start < since_ms:
             raise ConvertError(
                 f"partition {start} ({_iso(start)}) of {topic} is before the table's since "
-                f"{_iso(since_ms)}: it is not kept; ask for a later partition"
+                f"{_iso(since_ms)}: it is not kept; ask for a later partition",
+                cause="before_since",
             )
         if start in committed:
             done.append(committed[start])
@@ -393,7 +411,7 @@ def _choose(
             plan_input.clock, plan_input.ranges, width_s=width_s, upper_ms=start, limit=1
         )
         if not found or found[0].start_ms != start:
-            raise _not_complete(topic, start, width_s, plan_input)
+            raise not_complete_error(topic, start, width_s, plan_input)
         todo.append(found[0])
     return todo, done
 
@@ -514,6 +532,7 @@ async def convert(
                         f"({_iso(task.start_ms)}) failed, nothing of it was committed: "
                         f"{answer.error}",
                         retriable=answer.retriable,
+                        cause="read_failed",
                     )
                     continue
                 outcome = await commit_partition(

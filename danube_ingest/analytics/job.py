@@ -21,8 +21,13 @@ Output: launched by Dagster Pipes (its environment variables present), the job l
 per partition, reports each partition as a custom message (``result_json``'s partition
 entry) and, in an asset step, one asset materialization with the run's totals and partitions;
 without Pipes it prints one JSON line (``result_json``). Exit code 0: done; 1: the conversion
-failed (the error is on stderr; partitions before the failing one stay committed); 2: bad
-usage or configuration.
+failed (the error is on stderr and, under Pipes, a custom message ``{"error", "cause",
+"retriable"}``; partitions before the failing one stay committed); 2: bad usage or
+configuration.
+
+With ``--start-ms``, what needs only etcd and the store's listing (a partition not complete,
+a manifest object missing: ``preflight.preflight``) is checked before a SparkSession starts,
+and no session starts when every requested partition is already committed.
 """
 
 from __future__ import annotations
@@ -37,15 +42,18 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from danube_ingest.analytics.convert import (
+    ConvertError,
     ConvertResult,
     StoreSpec,
     convert,
     result_json,
 )
 from danube_ingest.analytics.layout import DEFAULT_ROOT, DEFAULT_WIDTH_S
+from danube_ingest.analytics.preflight import preflight
 from danube_ingest.config import load_config
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.errors import ConfigError, DanubeIngestError
+from danube_ingest.metadata.errors import MetadataUnavailableError
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.etcd_security import EtcdSecurity
 from danube_ingest.metadata.keys import Keys
@@ -115,14 +123,25 @@ async def _run(args: argparse.Namespace, config: BrokerConfig) -> ConvertResult:
     )
     keys = Keys(os.environ.get(PREFIX_ENV) or config.etcd.prefix)
     spec = StoreSpec.from_config(config) if args.engine == "spark" else None
-    spark = _session() if args.engine == "spark" else None
     objects = ObjectStore.from_config(config)
-    kv = await EtcdKV.connect(
-        endpoints,
-        timeout=config.etcd.connect_timeout_seconds,
-        security=EtcdSecurity.from_env_or_config(config.etcd),
-    )
     try:
+        kv = await EtcdKV.connect(
+            endpoints,
+            timeout=config.etcd.connect_timeout_seconds,
+            security=EtcdSecurity.from_env_or_config(config.etcd),
+        )
+    except BaseException:
+        await objects.close()
+        raise
+    try:
+        need_spark = args.engine == "spark"
+        if args.start_ms:
+            # What needs only etcd and the store's listing is refused before Spark starts.
+            checked = await preflight(
+                kv, keys, args.topic, args.start_ms, width_s=args.width_s, objects=objects
+            )
+            need_spark = need_spark and bool(checked.convert) and not checked.outside
+        spark = _session() if need_spark else None
         return await convert(
             kv=kv,
             keys=keys,
@@ -175,6 +194,28 @@ def _report_pipes(result: ConvertResult) -> None:
             pipes.report_asset_materialization(metadata=metadata)
 
 
+def _cause(exc: DanubeIngestError) -> str:
+    """The failure's kind in one word (``ConvertError.cause``, or what etcd said)."""
+    if isinstance(exc, ConvertError):
+        return exc.cause
+    if isinstance(exc, MetadataUnavailableError):
+        return "etcd_unreachable"
+    return type(exc).__name__
+
+
+def _report_pipes_error(exc: DanubeIngestError, cause: str) -> None:
+    """Launched through Pipes: report why the run failed as a custom message
+    ``{"error", "cause", "retriable"}``, so Dagster can show it as the failure's cause."""
+    if not os.environ.get(PIPES_ENV):
+        return
+    from dagster_pipes import open_dagster_pipes
+
+    with open_dagster_pipes() as pipes:
+        pipes.report_custom_message(
+            {"error": str(exc), "cause": cause, "retriable": bool(exc.retriable)}
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the job; returns the exit code (see the module docstring)."""
     args = _parser().parse_args(argv)
@@ -185,9 +226,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = asyncio.run(_run(args, config))
     except ConfigError as exc:
         print(f"danube_ingest.analytics.job: {exc}", file=sys.stderr)
+        _report_pipes_error(exc, "config")
         return 2
     except DanubeIngestError as exc:
         print(f"danube_ingest.analytics.job: {exc}", file=sys.stderr)
+        _report_pipes_error(exc, _cause(exc))
         return 1
     if os.environ.get(PIPES_ENV):
         _report_pipes(result)

@@ -1,5 +1,5 @@
-"""danube_ingest.analytics.checks on a real etcd and an fs warehouse: which hours are pending,
-and the three table checks passing on a sound table and failing on a deleted or truncated
+"""danube_ingest.analytics.checks on a real etcd and an fs warehouse: which topics have
+objects, and the three table checks passing on a sound table and failing on a deleted or truncated
 Parquet file, a wrong row count and a gap below the frontier."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from danube_ingest.analytics.checks import (
     check_files,
     check_rows,
     committed_parts,
-    pending_hours,
     topics_with_manifest,
 )
 from danube_ingest.analytics.records import TableKeys
@@ -39,31 +38,6 @@ async def test_topics_are_the_reliable_ones_with_objects(etcd_kv: EtcdKV, keys: 
     await records.create_topic_if_absent(TopicRecord("/default/empty"))
     await records.create_topic_if_absent(TopicRecord("/default/fanout", reliable=False))
     assert await topics_with_manifest(etcd_kv, keys) == [TOPIC]
-
-
-async def test_pending_hours_are_complete_and_uncommitted(
-    etcd_kv: EtcdKV, keys: Keys, store: ObjectStore
-) -> None:
-    # The clock 30 minutes into the fourth hour: three hours are complete, the fourth is not.
-    await publish_topic(etcd_kv, keys, hours=3, extra_ms=HOUR // 2)
-    assert await pending_hours(etcd_kv, keys, TOPIC) == [H0, H0 + HOUR, H0 + 2 * HOUR]
-    await convert(etcd_kv, keys, store, [H0])
-    assert await pending_hours(etcd_kv, keys, TOPIC) == [H0 + HOUR, H0 + 2 * HOUR]
-    await convert(etcd_kv, keys, store)
-    assert await pending_hours(etcd_kv, keys, TOPIC) == []
-
-
-async def test_a_minute_table_shows_an_hour_once_all_its_partitions_are_complete(
-    etcd_kv: EtcdKV, keys: Keys, store: ObjectStore
-) -> None:
-    """A 10-minute table: its first hour is pending until all six partitions are committed,
-    and the second, with three of its six partitions complete, is not pending yet."""
-    await publish_topic(etcd_kv, keys, hours=1, extra_ms=HOUR // 2)
-    await convert(etcd_kv, keys, store, [H0, H0 + 600_000, H0 + 1_200_000], width_s=600)
-    assert await pending_hours(etcd_kv, keys, TOPIC) == [H0]
-    done = await convert(etcd_kv, keys, store, width_s=600)
-    assert [d[0] for d in done] == [H0 + i * 600_000 for i in range(3, 9)]
-    assert await pending_hours(etcd_kv, keys, TOPIC) == []
 
 
 async def test_checks_pass_on_a_sound_table(

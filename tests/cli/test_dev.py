@@ -101,7 +101,7 @@ def test_ctrl_c_stops_broker_then_dagster_then_etcd(tmp_path: Path) -> None:
             entries = _code_locations(f"http://127.0.0.1:{dagster_port}")
         assert entries[0]["name"] == "pipelines.definitions:defs", entries  # workspace.yaml
         assert entries[0]["locationOrLoadError"] == {"__typename": "RepositoryLocation"}, entries
-        # The Parquet asset with its topic x hour partitions and its checks, and the sensor;
+        # The Parquet asset with its table partitions (dynamic) and its checks, and the sensor;
         # the location got the data directory to find the object store in.
         data = _graphql(f"http://127.0.0.1:{dagster_port}", _REPOSITORY)
         assert data is not None
@@ -125,13 +125,13 @@ def test_ctrl_c_stops_broker_then_dagster_then_etcd(tmp_path: Path) -> None:
         }, manifest
         parquet = assets[("parquet_partitions",)]
         assert parquet["partitionDefinition"]["dimensionTypes"] == [
-            {"name": "hour", "type": "TIME_WINDOW"},
-            {"name": "topic", "type": "DYNAMIC"},
+            {"name": "default", "type": "DYNAMIC"},
         ], parquet
         assert {c["name"] for c in parquet["assetChecksOrError"]["checks"]} == {
             "rows_match_offsets",
             "frontier_contiguous",
             "files_intact",
+            "converted",
         }, parquet
         resources = {
             r["name"]: {v["key"]: json.loads(v["value"]) for v in r["configuredValues"]}

@@ -36,6 +36,9 @@ HOUR = 3_600_000
 #: these tests run on (Dagster shows only hours that have ended).
 H0 = 1_795_428_000_000
 PER_HOUR = 600
+MINUTE = 60_000
+#: A minute table made at 10:37 of the first hour, as ``tables convert --width-s 60`` makes it.
+SINCE = H0 + 37 * MINUTE
 
 
 def ingest_ms(offset: int) -> int:
@@ -154,3 +157,18 @@ async def convert(
             )
     await advance_frontier(kv, keys, TOPIC, rendition)
     return done
+
+
+async def minute_table(kv: KV, keys: Keys) -> None:
+    """A 60 s table of TOPIC whose since is SINCE, with an active rendition."""
+    await create_table(kv, keys, TOPIC, since_ms=SINCE, width_s=60)
+    await activate(kv, keys, TOPIC, await create_rendition(kv, keys, TOPIC, "test-1"))
+
+
+async def publish_clock(kv: KV, keys: Keys, ingest_ms: int) -> None:
+    """Move TOPIC's clock to ``ingest_ms`` (its offset stays past every published entry)."""
+    found = await kv.get(keys.topic_clock(TOPIC))
+    assert found is not None
+    clock = TopicClock.decode(found.value, found.key)
+    moved = TopicClock(offset=clock.offset, ingest_ms=ingest_ms, broker="b1", epoch=1)
+    await kv.put(keys.topic_clock(TOPIC), moved.encode())
