@@ -6,7 +6,8 @@ bind the port and answer every call ``UNAVAILABLE`` (clients retry at once inste
 on a port that accepts connections but serves nothing), serve the metrics port
 (``metrics.listen``: ``/metrics``, ``/healthz``, and ``/readyz``, which answers 503 until the
 broker serves and again from the start of its shutdown), recover the WAL, connect to etcd,
-check that the object store is the cluster's (``objects.cluster``), register the broker under a
+check that the data directory belongs to this metadata store (``datadir.check_metadata_store``)
+and that the object store is the cluster's (``objects.cluster``), register the broker under a
 lease (taking back at once the registration a crashed previous
 process on this data directory left), then serve. Shutdown (``stop``) is the reverse and loses
 nothing: streams end, in-flight publishes finish or fail within the grace period, cursors are
@@ -34,7 +35,7 @@ from danube_ingest.broker.services import add_services
 from danube_ingest.broker.tls import check_listen, server_credentials
 from danube_ingest.broker.topics import TopicManager
 from danube_ingest.config import BrokerConfig
-from danube_ingest.datadir import DataDirLock, data_dir_id
+from danube_ingest.datadir import DataDirLock, check_metadata_store, data_dir_id
 from danube_ingest.dispatch import DispatchPolicy, PoisonPolicy
 from danube_ingest.metadata.errors import BrokerIdConflictError
 from danube_ingest.metadata.etcd import EtcdKV
@@ -221,6 +222,7 @@ class Broker:
         """Start serving (see the module docstring for the order).
 
         Raises ``DataDirLockedError`` if another process holds the data directory,
+        ``MetadataStoreMismatchError`` if it was made with another metadata store,
         ``ListenError`` if the listen address cannot be bound, ``BrokerIdConflictError`` if
         another live broker has this id. On any failure everything started is stopped again.
         """
@@ -256,6 +258,11 @@ class Broker:
                 )
         kv = self._kv
         keys = Keys(config.etcd.prefix)
+        store_id = await kv.identity(keys.cluster_id())
+        if store_id != "memory":
+            store_id += f" prefix {keys.prefix}"
+        # Before anything of this directory reaches the metadata store.
+        check_metadata_store(config.broker.data_dir, store_id)
         self._session = BrokerSession(
             kv,
             keys,
@@ -318,7 +325,7 @@ class Broker:
     async def _start_http(self) -> None:
         """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``metrics.listen`` (unless off);
         ``/readyz`` answers 503 until the broker serves."""
-        listen = self.config.metrics.listen
+        listen = self.config.metrics_listen()
         if listen == "off":
             return
         own = CollectorRegistry(auto_describe=False)
@@ -328,7 +335,8 @@ class Broker:
             await http.start()
         except OSError as exc:
             raise ListenError(
-                f"cannot serve metrics on {listen} (metrics.listen): {exc.strerror or exc}; "
+                f"cannot serve metrics on {listen} (metrics.listen "
+                f"{self.config.metrics.listen}): {exc.strerror or exc}; "
                 "stop the process using that port, choose another metrics.listen "
                 "(--metrics-listen), or set it to off"
             ) from exc
