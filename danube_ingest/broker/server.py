@@ -37,6 +37,7 @@ from danube_ingest.broker.topics import TopicManager
 from danube_ingest.config import BrokerConfig
 from danube_ingest.datadir import DataDirLock, check_metadata_store, data_dir_id
 from danube_ingest.dispatch import DispatchPolicy, PoisonPolicy
+from danube_ingest.metadata.durable import DurableEndRecorder, EndsSource
 from danube_ingest.metadata.errors import BrokerIdConflictError
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.etcd_security import EtcdSecurity
@@ -182,6 +183,22 @@ class _StartupGate:
         return None
 
 
+def _durable_ends(store: TopicStore, ownership: Ownership) -> EndsSource:
+    """What ``DurableEndRecorder`` records: each owned topic's WAL high watermark (every
+    acknowledged offset is below it) and the ownership epoch."""
+
+    def ends() -> dict[str, tuple[int, int]]:
+        found: dict[str, tuple[int, int]] = {}
+        for topic in ownership.owned_topics():
+            owner = ownership.owned(topic)
+            info = store.info(topic)
+            if owner is not None and info is not None:
+                found[topic] = (info.high_watermark, owner.epoch)
+        return found
+
+    return ends
+
+
 class Broker:
     """The ingest daemon. ``await start()``, then ``await stop()`` (or ``serve_until``)."""
 
@@ -210,6 +227,7 @@ class Broker:
         self._wal_id: str | None = None
         self.cleaner: WalCleaner | None = None
         self.clock_keeper: ClockKeeper | None = None
+        self._durable: DurableEndRecorder | None = None
         self.port = 0
         self.url = ""
         self._http: ObservabilityServer | None = None
@@ -307,6 +325,11 @@ class Broker:
         )
         if self.clock_keeper is not None:
             self.clock_keeper.start()
+        if config.storage.mode != "memory":
+            self._durable = DurableEndRecorder(
+                kv, keys, config.broker.broker_id, _durable_ends(self.store, ownership)
+            )
+            self._durable.start()
         self._forwarder = add_services(gate, self.manager, self.guard)
         add_ingest_service(gate, self.manager, self.guard)
         schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), gate)
@@ -486,6 +509,8 @@ class Broker:
             await self.clock_keeper.stop()
         if self._server is not None:
             await self._server.stop(grace)
+        if self._durable is not None:
+            await self._durable.close()
         if self.manager is not None:
             await self.manager.close()
         if self._forwarder is not None:
