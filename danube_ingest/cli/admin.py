@@ -260,7 +260,8 @@ class LostEstimate:
     """The offsets skipped (the previous broker's reservation past the manifest's end): a
     strict bound, usually well above what it really acknowledged."""
     recorded: DurableEnd | None
-    """The previous broker's last recorded durable end of the topic (None: none recorded)."""
+    """The previous broker's last recorded durable end of the topic (None: none recorded, or
+    one older than the manifest's end)."""
     about: int | None
     """Acknowledged and not uploaded as of that record (None: no record)."""
 
@@ -282,9 +283,11 @@ async def lost_estimate(kv: KV, keys: Keys, record: Handover) -> LostEstimate:
     had acknowledged past the manifest's end (``metadata.durable``)."""
     at_most = record.reserved - record.committed
     recorded = await read_durable_end(kv, keys, record.topic, record.previous)
-    if recorded is None:
+    if recorded is None or recorded.end < record.committed:
+        # Below the manifest's end: the record is from an earlier time the broker owned the
+        # topic (its uploads of the last one reached further), so it says nothing here.
         return LostEstimate(at_most, None, None)
-    about = max(0, min(recorded.end, record.reserved) - record.committed)
+    about = min(recorded.end, record.reserved) - record.committed
     return LostEstimate(at_most, recorded, about)
 
 
