@@ -16,6 +16,11 @@ Guarantees:
 * ``data_dir_id(dir)`` is a random id stored in ``{dir}/ID``, created durably on first use and
   the same for the directory's whole life: it tells "this broker on this data" apart from
   "another machine (or a wiped directory) under the same broker id".
+* ``check_metadata_store(dir, identity)`` records on first use which metadata store the
+  directory belongs to (``{dir}/METADATA``: etcd's cluster id and the key prefix, or
+  ``memory``) and from then on refuses any other with ``MetadataStoreMismatchError`` naming
+  both, before the broker reads or writes anything of it there: the WAL's offsets and the
+  objects under the directory mean something only to the metadata store that saw them made.
 
 The lock file descriptor is not inherited by child processes (Python opens files
 non-inheritable), so children such as ``danube-ingest dev``'s etcd never keep the lock alive.
@@ -34,12 +39,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from danube_ingest.errors import DataDirLockedError, StorageError
+from danube_ingest.errors import DataDirLockedError, MetadataStoreMismatchError, StorageError
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "LOCK"
 ID_NAME = "ID"
+METADATA_NAME = "METADATA"
 
 
 def _holder(fd: int) -> str:
@@ -152,18 +158,65 @@ def data_dir_id(directory: Path | str) -> str:
     if existing:
         return existing
     new = uuid.uuid4().hex
-    temp = directory / f"{ID_NAME}.tmp"
     try:
-        with temp.open("w") as file:
-            file.write(new + "\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, path)
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _write_durably(path, new + "\n")
     except OSError as exc:
         raise StorageError(f"cannot write the data directory id {path}: {exc}") from exc
     return new
+
+
+def check_metadata_store(directory: Path | str, identity: str) -> None:
+    """Check that ``directory`` belongs to the metadata store ``identity`` (e.g. ``etcd cluster
+    <id> prefix /danube`` or ``memory``), recording it durably when the directory has none yet
+    (first use, or a directory from a version that did not record it).
+
+    Raises ``MetadataStoreMismatchError`` naming both stores and what to do when the directory
+    was recorded with another one; the directory is left as it was. Call it only while
+    holding the directory's ``DataDirLock``.
+    """
+    directory = Path(directory)
+    path = directory / METADATA_NAME
+    try:
+        recorded = path.read_text().strip()
+    except FileNotFoundError:
+        recorded = ""
+    except OSError as exc:
+        raise StorageError(
+            f"cannot read the data directory's metadata store {path}: {exc}"
+        ) from exc
+    if recorded == identity:
+        return
+    if recorded:
+        raise MetadataStoreMismatchError(
+            f"data directory {directory} belongs to metadata store {recorded!r} ({path}), but "
+            f"this broker is configured with {identity!r}: its WAL offsets and objects mean "
+            "nothing to another store (offsets would start again, objects would go where that "
+            "store never looks). Start it with the store it was made with (--etcd, "
+            "etcd.prefix), or give it a data directory of its own (--data-dir)",
+            path=path,
+            recorded=recorded,
+            configured=identity,
+        )
+    try:
+        _write_durably(path, identity + "\n")
+    except OSError as exc:
+        raise StorageError(
+            f"cannot record the data directory's metadata store {path}: {exc}"
+        ) from exc
+    log.info("data directory metadata store recorded dir=%s store=%r", directory, identity)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically and durably (temp file, fsync, rename, directory
+    fsync): after a crash it holds either its old content or ``text``."""
+    temp = path.with_name(f"{path.name}.tmp")
+    with temp.open("w") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

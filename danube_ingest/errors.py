@@ -10,6 +10,7 @@ never the message text.
     DanubeIngestError
      ├── ConfigError                  invalid configuration; the message names the key
      ├── DataDirLockedError           another process holds the data directory (names its pid)
+     ├── MetadataStoreMismatchError   the data directory belongs to another metadata store
      └── StorageError
           ├── FrameError               bytes that are not a valid frame
           │    ├── TruncatedFrameError  fewer bytes than the frame claims (a torn tail)
@@ -43,6 +44,22 @@ class DanubeIngestError(Exception):
 
 class ConfigError(DanubeIngestError, ValueError):
     """The configuration is invalid. The message names the offending key."""
+
+
+class MetadataStoreMismatchError(DanubeIngestError):
+    """The data directory was made with another metadata store than the one configured
+    (``danube_ingest.datadir.check_metadata_store``).
+
+    ``path`` is the record (``{data_dir}/METADATA``), ``recorded`` the store it names,
+    ``configured`` this broker's. Nothing in the directory was changed. Not retriable: start
+    with the directory's store, or give the broker another data directory.
+    """
+
+    def __init__(self, message: str, *, path: Path, recorded: str, configured: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.recorded = recorded
+        self.configured = configured
 
 
 class DataDirLockedError(DanubeIngestError):

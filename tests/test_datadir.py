@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from danube_ingest.datadir import DataDirLock, data_dir_id
-from danube_ingest.errors import DanubeIngestError, DataDirLockedError
+from danube_ingest.datadir import DataDirLock, check_metadata_store, data_dir_id
+from danube_ingest.errors import DanubeIngestError, DataDirLockedError, MetadataStoreMismatchError
 
 _HOLD = """
 import sys, time
@@ -92,3 +92,19 @@ def test_data_dir_id_is_created_once_and_kept(tmp_path: Path) -> None:
     other = tmp_path / "other"
     other.mkdir()
     assert data_dir_id(other) != first
+
+
+def test_metadata_store_is_recorded_on_first_use_and_another_refused(tmp_path: Path) -> None:
+    etcd = "etcd cluster 00000000000000aa prefix /danube"
+    check_metadata_store(tmp_path, etcd)
+    assert (tmp_path / "METADATA").read_text().strip() == etcd
+    check_metadata_store(tmp_path, etcd)  # the same store again: fine
+    for other in ("memory", "etcd cluster 00000000000000aa prefix /other"):
+        with pytest.raises(MetadataStoreMismatchError) as caught:
+            check_metadata_store(tmp_path, other)
+        message = str(caught.value)
+        assert etcd in message and other in message, message
+        assert "--data-dir" in message and str(tmp_path / "METADATA") in message, message
+        assert not caught.value.retriable
+        # Refusing changed nothing.
+        assert (tmp_path / "METADATA").read_text().strip() == etcd

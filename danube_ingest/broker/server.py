@@ -6,7 +6,8 @@ bind the port and answer every call ``UNAVAILABLE`` (clients retry at once inste
 on a port that accepts connections but serves nothing), serve the metrics port
 (``metrics.listen``: ``/metrics``, ``/healthz``, and ``/readyz``, which answers 503 until the
 broker serves and again from the start of its shutdown), recover the WAL, connect to etcd,
-check that the object store is the cluster's (``objects.cluster``), register the broker under a
+check that the data directory belongs to this metadata store (``datadir.check_metadata_store``)
+and that the object store is the cluster's (``objects.cluster``), register the broker under a
 lease (taking back at once the registration a crashed previous
 process on this data directory left), then serve. Shutdown (``stop``) is the reverse and loses
 nothing: streams end, in-flight publishes finish or fail within the grace period, cursors are
@@ -34,8 +35,9 @@ from danube_ingest.broker.services import add_services
 from danube_ingest.broker.tls import check_listen, server_credentials
 from danube_ingest.broker.topics import TopicManager
 from danube_ingest.config import BrokerConfig
-from danube_ingest.datadir import DataDirLock, data_dir_id
+from danube_ingest.datadir import DataDirLock, check_metadata_store, data_dir_id
 from danube_ingest.dispatch import DispatchPolicy, PoisonPolicy
+from danube_ingest.metadata.durable import DurableEndRecorder, EndsSource
 from danube_ingest.metadata.errors import BrokerIdConflictError
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.etcd_security import EtcdSecurity
@@ -181,6 +183,22 @@ class _StartupGate:
         return None
 
 
+def _durable_ends(store: TopicStore, ownership: Ownership) -> EndsSource:
+    """What ``DurableEndRecorder`` records: each owned topic's WAL high watermark (every
+    acknowledged offset is below it) and the ownership epoch."""
+
+    def ends() -> dict[str, tuple[int, int]]:
+        found: dict[str, tuple[int, int]] = {}
+        for topic in ownership.owned_topics():
+            owner = ownership.owned(topic)
+            info = store.info(topic)
+            if owner is not None and info is not None:
+                found[topic] = (info.high_watermark, owner.epoch)
+        return found
+
+    return ends
+
+
 class Broker:
     """The ingest daemon. ``await start()``, then ``await stop()`` (or ``serve_until``)."""
 
@@ -209,6 +227,7 @@ class Broker:
         self._wal_id: str | None = None
         self.cleaner: WalCleaner | None = None
         self.clock_keeper: ClockKeeper | None = None
+        self._durable: DurableEndRecorder | None = None
         self.port = 0
         self.url = ""
         self._http: ObservabilityServer | None = None
@@ -221,6 +240,7 @@ class Broker:
         """Start serving (see the module docstring for the order).
 
         Raises ``DataDirLockedError`` if another process holds the data directory,
+        ``MetadataStoreMismatchError`` if it was made with another metadata store,
         ``ListenError`` if the listen address cannot be bound, ``BrokerIdConflictError`` if
         another live broker has this id. On any failure everything started is stopped again.
         """
@@ -256,6 +276,11 @@ class Broker:
                 )
         kv = self._kv
         keys = Keys(config.etcd.prefix)
+        store_id = await kv.identity(keys.cluster_id())
+        if store_id != "memory":
+            store_id += f" prefix {keys.prefix}"
+        # Before anything of this directory reaches the metadata store.
+        check_metadata_store(config.broker.data_dir, store_id)
         self._session = BrokerSession(
             kv,
             keys,
@@ -300,6 +325,11 @@ class Broker:
         )
         if self.clock_keeper is not None:
             self.clock_keeper.start()
+        if config.storage.mode != "memory":
+            self._durable = DurableEndRecorder(
+                kv, keys, config.broker.broker_id, _durable_ends(self.store, ownership)
+            )
+            self._durable.start()
         self._forwarder = add_services(gate, self.manager, self.guard)
         add_ingest_service(gate, self.manager, self.guard)
         schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), gate)
@@ -318,7 +348,7 @@ class Broker:
     async def _start_http(self) -> None:
         """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``metrics.listen`` (unless off);
         ``/readyz`` answers 503 until the broker serves."""
-        listen = self.config.metrics.listen
+        listen = self.config.metrics_listen()
         if listen == "off":
             return
         own = CollectorRegistry(auto_describe=False)
@@ -328,7 +358,8 @@ class Broker:
             await http.start()
         except OSError as exc:
             raise ListenError(
-                f"cannot serve metrics on {listen} (metrics.listen): {exc.strerror or exc}; "
+                f"cannot serve metrics on {listen} (metrics.listen "
+                f"{self.config.metrics.listen}): {exc.strerror or exc}; "
                 "stop the process using that port, choose another metrics.listen "
                 "(--metrics-listen), or set it to off"
             ) from exc
@@ -478,6 +509,8 @@ class Broker:
             await self.clock_keeper.stop()
         if self._server is not None:
             await self._server.stop(grace)
+        if self._durable is not None:
+            await self._durable.close()
         if self.manager is not None:
             await self.manager.close()
         if self._forwarder is not None:

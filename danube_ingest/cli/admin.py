@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,9 +23,11 @@ from danube_ingest.broker.deletion import delete_topic
 from danube_ingest.cli.etcd_args import add_etcd_security, etcd_security
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.errors import DanubeIngestError
+from danube_ingest.metadata.durable import DurableEnd, read_durable_end
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.handover import LOST, PENDING, Handover, list_handovers
 from danube_ingest.metadata.keys import Keys
+from danube_ingest.metadata.kv import KV
 from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.ownership import Owner
 from danube_ingest.metadata.records import Records
@@ -243,26 +246,88 @@ async def _status(args: argparse.Namespace) -> int:
         print(f"clients: {producers} producers, {len(clients) - producers} consumers registered")
         print("subscription lag (messages between the topic's end and the cursor):")
         _table(("topic", "subscription", "lag", "broker"), lags, indent="  ")
-        _takeovers(await list_handovers(kv, keys))
+        await _takeovers(kv, keys, await list_handovers(kv, keys))
     finally:
         await kv.close()
     return 0
 
 
-def _takeovers(found: Sequence[tuple[Handover, Any]]) -> None:
+@dataclass(frozen=True, slots=True)
+class LostEstimate:
+    """How many acknowledged messages a lost takeover may have lost."""
+
+    at_most: int
+    """The offsets skipped (the previous broker's reservation past the manifest's end): a
+    strict bound, usually well above what it really acknowledged."""
+    recorded: DurableEnd | None
+    """The previous broker's last recorded durable end of the topic (None: none recorded, or
+    one older than the manifest's end)."""
+    about: int | None
+    """Acknowledged and not uploaded as of that record (None: no record)."""
+
+    def text(self) -> str:
+        """``up to N acknowledged messages lost``, narrowed by the durable end when recorded."""
+        bound = f"up to {self.at_most} acknowledged messages lost"
+        if self.recorded is None or self.about is None:
+            return bound
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.recorded.at_ms / 1000))
+        return (
+            f"{bound}; about {self.about} by the broker's last recorded durable end "
+            f"({self.recorded.end} at {at}; more only if it acknowledged any after that)"
+        )
+
+
+async def lost_estimate(kv: KV, keys: Keys, record: Handover) -> LostEstimate:
+    """What ``record`` (a takeover resolved, or about to be, as lost) may have lost: at most
+    its skipped range, and about as much as the previous broker's recorded durable end says it
+    had acknowledged past the manifest's end (``metadata.durable``)."""
+    at_most = record.reserved - record.committed
+    recorded = await read_durable_end(kv, keys, record.topic, record.previous)
+    if recorded is None or recorded.end < record.committed:
+        # Below the manifest's end: the record is from an earlier time the broker owned the
+        # topic (its uploads of the last one reached further), so it says nothing here.
+        return LostEstimate(at_most, None, None)
+    about = min(recorded.end, record.reserved) - record.committed
+    return LostEstimate(at_most, recorded, about)
+
+
+async def _takeovers(kv: KV, keys: Keys, found: Sequence[tuple[Handover, Any]]) -> None:
     """Pending takeovers (topics not served until a broker is back or forgotten) and offsets
-    declared lost (``brokers forget``)."""
+    declared lost (``brokers forget``): at most the skipped range, and about what the lost
+    broker's recorded durable ends say."""
     pending = [r for r, _ in found if r.state == PENDING]
     lost = [r for r, _ in found if r.state == LOST]
+    estimates = {r.topic: await lost_estimate(kv, keys, r) for r in lost}
+    at_most = sum(e.at_most for e in estimates.values())
+    known = [e.about for e in estimates.values() if e.about is not None]
+    about = ""
+    if known:
+        partly = "" if len(known) == len(estimates) else " of the topics with one"
+        about = f"; about {sum(known)} by the recorded durable ends{partly}"
     print(
         f"takeovers: {len(pending)} pending, {len(lost)} declared lost "
-        f"({sum(r.lost_offsets for r in lost)} offsets lost)"
+        f"(up to {at_most} acknowledged messages lost: the offsets skipped{about})"
     )
     rows = [
-        (r.topic, r.state, r.previous, f"{r.committed}..{r.reserved - 1}") for r in pending + lost
+        (
+            r.topic,
+            r.state,
+            r.previous,
+            f"{r.committed}..{r.reserved - 1}",
+            _lost_column(estimates.get(r.topic)),
+        )
+        for r in pending + lost
     ]
     if rows:
-        _table(("topic", "state", "broker", "offsets"), rows, indent="  ")
+        _table(("topic", "state", "broker", "offsets", "lost"), rows, indent="  ")
+
+
+def _lost_column(estimate: LostEstimate | None) -> str:
+    if estimate is None:
+        return "-"
+    if estimate.about is None:
+        return f"up to {estimate.at_most}"
+    return f"up to {estimate.at_most}, about {estimate.about}"
 
 
 Figures = dict[tuple[str, tuple[tuple[str, str], ...]], float]

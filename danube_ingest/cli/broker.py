@@ -58,8 +58,8 @@ def register(commands: Any) -> None:
     dev.add_argument("--etcd-port", type=int, default=2379, help="local etcd client port")
     dev.add_argument(
         "--metrics-listen",
-        help="HOST:PORT for the broker's /metrics, /healthz and /readyz (default "
-        "127.0.0.1:9650), or off",
+        help="HOST:PORT for the broker's /metrics, /healthz and /readyz (default auto: "
+        "127.0.0.1 on the listen port + 3000, 9650 for 6650), or off",
     )
     dev.add_argument("--config", help="broker config file (defaults otherwise)")
     dev.add_argument(
@@ -80,7 +80,8 @@ def _broker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker-id", help="this broker's unique id")
     parser.add_argument(
         "--metrics-listen",
-        help="HOST:PORT for /metrics, /healthz and /readyz (default 127.0.0.1:9650), or off",
+        help="HOST:PORT for /metrics, /healthz and /readyz (default auto: 127.0.0.1 on the "
+        "listen port + 3000, 9650 for 6650), or off",
     )
 
 

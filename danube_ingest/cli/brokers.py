@@ -4,7 +4,10 @@
 pending ones (a new owner waits for a broker's unuploaded tail; its clients get UNAVAILABLE)
 and resolved ones. ``brokers forget ID`` declares a broker that is gone for good lost: every
 takeover waiting on it resolves as lost, with a recorded offset jump over the range it may have
-acknowledged but never uploaded, and the new owners continue after it.
+acknowledged but never uploaded, and the new owners continue after it. That range is the
+broker's offset reservation, an upper bound ("up to N" lost); when the broker recorded its WAL's
+durable end in etcd (``metadata.durable``, each second) the report also says about how many it
+really had acknowledged past the manifest's end.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import argparse
 import json
 from typing import Any
 
-from danube_ingest.cli.admin import _connect, _etcd_options, _sync, _table
+from danube_ingest.cli.admin import _connect, _etcd_options, _sync, _table, lost_estimate
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.metadata.handover import PENDING, forget_broker, list_handovers
 
@@ -74,13 +77,15 @@ async def _forget(args: argparse.Namespace) -> int:
     kv, keys, _records = await _connect(args)
     try:
         lost = await forget_broker(kv, keys, args.broker_id)
+        estimates = [await lost_estimate(kv, keys, record) for record in lost]
         waiting = [r for r, _ in await list_handovers(kv, keys) if r.state == PENDING]
     finally:
         await kv.close()
-    for record in lost:
+    for record, estimate in zip(lost, estimates, strict=True):
         print(
             f"{record.topic}: offsets {record.committed}..{record.reserved - 1} of broker "
-            f"{args.broker_id} declared lost; the owner continues at {record.reserved}"
+            f"{args.broker_id} skipped ({estimate.text()}); the owner continues at "
+            f"{record.reserved}"
         )
     print(f"broker {args.broker_id} forgotten: {len(lost)} takeover(s) resolved as lost")
     others = sorted({r.previous for r in waiting})

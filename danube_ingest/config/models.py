@@ -115,7 +115,10 @@ class BrokerSection(_Section):
             "storage.wal.dir is set) and, with the fs backend, objects (`{data_dir}/objects` "
             "unless storage.cloud.root is set). One process at a time: the broker holds "
             "`{data_dir}/LOCK` (and the WAL directory's) while it runs, and a second one fails "
-            "at once naming its pid. `{data_dir}/ID` identifies the directory. Local disk only."
+            "at once naming its pid. `{data_dir}/ID` identifies the directory; "
+            "`{data_dir}/METADATA` records the metadata store it belongs to (etcd's cluster id "
+            "and etcd.prefix, or memory), and a broker configured with another one stops "
+            "naming both. Local disk only."
         ),
     )
 
@@ -825,15 +828,23 @@ class EtcdConfig(_Section):
         return self
 
 
+#: ``metrics.listen: auto`` serves metrics on the broker's listen port plus this: Danube's 6650
+#: gives 9650, the metrics port of earlier versions, and a second broker on 6651 gets 9651.
+METRICS_PORT_OFFSET = 3000
+
+
 class MetricsConfig(_Section):
     """The HTTP port for Prometheus metrics and health probes."""
 
     listen: str = Field(
-        default="127.0.0.1:9650",
+        default="auto",
         description=(
             "Address of the HTTP server for `/metrics` (Prometheus text format), `/healthz` "
             "and `/readyz`, as host:port (IPv6 as [addr]:port); port 0 picks a free port; "
-            "`off` serves none of them. A port in use stops the broker at start-up."
+            "`off` serves none of them. `auto`: 127.0.0.1 on broker.listen's port + 3000 "
+            "(6650 gives 9650, 6651 gives 9651), so brokers on one host that differ in their "
+            "listen port differ in their metrics port too; a free port when that is past 65535 "
+            "or the listen port is 0. A port in use stops the broker at start-up."
         ),
     )
     max_lag_series: _Count = Field(
@@ -849,12 +860,12 @@ class MetricsConfig(_Section):
     @field_validator("listen")
     @classmethod
     def _check_listen(cls, value: str) -> str:
-        if value == "off":
+        if value in ("off", "auto"):
             return value
         host, _, port = value.rpartition(":")
         if not host or not port.isdigit() or int(port) > 65535:
             raise ConfigError(
-                f"must be host:port with a port from 0 to 65535, or off (got {value!r})"
+                f"must be host:port with a port from 0 to 65535, auto or off (got {value!r})"
             )
         return value
 
@@ -879,6 +890,16 @@ class BrokerConfig(_Section):
     auth: AuthConfig = Field(
         default_factory=AuthConfig, description="Authentication and permissions."
     )
+
+    def metrics_listen(self) -> str:
+        """Where the metrics port binds: metrics.listen as configured (host:port or `off`),
+        with `auto` resolved from broker.listen (port + ``METRICS_PORT_OFFSET`` on 127.0.0.1,
+        port 0 when that does not fit)."""
+        listen = self.metrics.listen
+        if listen != "auto":
+            return listen
+        port = int(self.broker.listen.rpartition(":")[2]) + METRICS_PORT_OFFSET
+        return f"127.0.0.1:{port if METRICS_PORT_OFFSET < port <= 65535 else 0}"
 
     def wal_dir(self) -> Path:
         """The WAL directory: storage.wal.dir, or `{broker.data_dir}/wal` when that is unset."""

@@ -359,6 +359,13 @@ class EtcdKV:
         status = await self._rpc("status", self._client.status(), write=False)
         return int(status.db_size)
 
+    async def identity(self, key: str) -> str:
+        """See ``KV.identity``: etcd's cluster id, from the header every member's answers
+        carry (read with a range of ``key`` alone, which any role that may read it may do)."""
+        raw = _encode(key)
+        found = await self._rpc(f"get {key}", self._client.get_range(raw, raw + b"\0"), write=False)
+        return f"etcd cluster {int(found.header.cluster_id):016x}"
+
     async def close(self) -> None:
         """See ``KV.close``."""
         if self._closed:

@@ -23,6 +23,9 @@ Below the prefix (default ``/danube``); ``{ns}/{topic}`` comes from a topic name
                                                    removed every range below offset
     storage/topics/{ns}/{topic}/jumps/{from:020}   {from, to, epoch, broker, reason, at_ms}:
                                                    an owner skipped offsets [from, to)
+    storage/topics/{ns}/{topic}/durable/{broker}   {end, epoch, at_ms}: the broker's WAL
+                                                   durable end, recorded each second
+                                                   (metadata.durable)
     storage/retired/{object key}                   {object_key, retired_ms}: an object a
                                                    manifest change stopped naming
     handovers/{ns}/{topic}                         Handover: a new owner waits for the
@@ -221,6 +224,11 @@ class Keys:
         if start_offset < 0:
             raise InvalidNameError(f"invalid jump offset {start_offset} for {topic}")
         return f"{self.storage_jumps_prefix(topic)}{start_offset:020d}"
+
+    def storage_durable_end(self, topic: str, broker_id: str) -> str:
+        """``broker_id``'s recorded durable end of the topic (``metadata.durable``)."""
+        check_segment(broker_id, "broker id")
+        return f"{self.prefix}/storage/topics/{self._topic_path(topic)}/durable/{broker_id}"
 
     def handovers_prefix(self) -> str:
         """Prefix of every topic's takeover record (``metadata.handover``)."""

@@ -235,6 +235,13 @@ class KV(Protocol):
         """The store's database size in bytes, ``None`` where it has none (in memory)."""
         ...
 
+    async def identity(self, key: str) -> str:
+        """Which store this is, the same for its whole life and different for another:
+        ``etcd cluster <hex id>`` for etcd (whatever endpoint answers), ``memory`` for a
+        store in memory (each one is gone with its process). ``key``: a key the caller may
+        read (it is read, and need not exist)."""
+        ...
+
     async def close(self) -> None:
         """Release connections and end every watch. Idempotent."""
         ...
@@ -419,6 +426,11 @@ class MemoryKV:
         """See ``KV.db_size``: ``None``, nothing is on disk."""
         self._check_open()
         return None
+
+    async def identity(self, key: str) -> str:
+        """See ``KV.identity``: ``memory``."""
+        self._check_open()
+        return "memory"
 
     async def close(self) -> None:
         """See ``KV.close``."""

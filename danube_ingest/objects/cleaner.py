@@ -209,7 +209,10 @@ class WalCleaner(BackgroundLoop):
             self.stats.blocked_by = None
             if forced:
                 self.stats.forced += 1
-            log.info(
+            # Deleting a segment without entries (time markers only: an idle broker's) is
+            # routine: INFO is for segments that held data.
+            log.log(
+                logging.INFO if spans else logging.DEBUG,
                 "wal segment deleted region=%s seq=%d bytes=%d forced=%s",
                 region.region,
                 seq,

@@ -598,7 +598,10 @@ class SegmentUploader:
         self.stats.last_lag_ms = lag_ms
         self.stats.max_lag_ms = max(self.stats.max_lag_ms, lag_ms)
         UPLOAD_SECONDS.observe(lag_ms / 1000)
-        log.info(
+        # A segment of nothing but time markers (an idle broker's, every segment_seconds) is
+        # routine: INFO is for segments that carried entries.
+        log.log(
+            logging.INFO if ranges else logging.DEBUG,
             "segment uploaded key=%s bytes=%d topics=%d committed=%d already=%d lag_ms=%.0f",
             obj.key,
             obj.size,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -20,6 +21,7 @@ from danube_ingest.metadata import (
     WatchEvent,
     WatchStream,
 )
+from danube_ingest.metadata.etcd import EtcdKV
 
 
 @pytest.fixture
@@ -261,6 +263,22 @@ async def test_compact_drops_history_before_the_revision_only(kv: KV, p: str) ->
 async def test_db_size_is_known_for_etcd_only(kv: KV) -> None:
     size = await kv.db_size()
     assert size is None if isinstance(kv, MemoryKV) else size is not None and size > 0
+
+
+async def test_identity_is_the_store_not_the_connection(kv: KV, p: str) -> None:
+    identity = await kv.identity(f"{p}absent")
+    if isinstance(kv, MemoryKV):
+        assert identity == "memory"
+        return
+    assert re.fullmatch(r"etcd cluster [0-9a-f]{16}", identity), identity
+    await kv.put(f"{p}present", b"x")
+    assert await kv.identity(f"{p}present") == identity
+    assert isinstance(kv, EtcdKV)
+    other = await EtcdKV.connect([kv.endpoint], timeout=5.0)  # a second connection: same store
+    try:
+        assert await other.identity(f"{p}absent") == identity
+    finally:
+        await other.close()
 
 
 async def test_cancelled_watch_ends_iteration(kv: KV, p: str) -> None:
