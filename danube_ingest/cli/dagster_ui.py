@@ -39,8 +39,9 @@ from danube_ingest.metadata.server import log_tail, port_in_use
 log = logging.getLogger(__name__)
 
 #: The instance settings written when ``DAGSTER_HOME`` has none: no telemetry (the local system
-#: must not reach out to the network).
-_INSTANCE_YAML = "telemetry:\n  enabled: false\n"
+#: must not reach out to the network) and no "join the community" dialog over the first page an
+#: operator opens (it offers sign-ups on the network, and covers the asset graph).
+_INSTANCE_YAML = "telemetry:\n  enabled: false\nnux:\n  enabled: false\n"
 
 
 class DagsterUIError(DanubeIngestError):

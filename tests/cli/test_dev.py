@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from danube_ingest.testing import free_port
 
@@ -141,6 +142,8 @@ def test_ctrl_c_stops_broker_then_dagster_then_etcd(tmp_path: Path) -> None:
         assert resources["objects"]["data_dir"] == data_dir, resources
         assert resources["objects"]["config_path"] == f"{data_dir}/dagster/broker.yaml"
         assert resources["etcd"]["endpoints"] == f"http://127.0.0.1:{etcd_port}", resources
+        instance = yaml.safe_load((tmp_path / "data" / "dagster" / "dagster.yaml").read_text())
+        assert instance == {"telemetry": {"enabled": False}, "nux": {"enabled": False}}, instance
         # Ctrl-C: SIGINT to every process of the terminal's foreground process group.
         os.killpg(process.pid, signal.SIGINT)
         assert process.wait(30) == 0, log_path.read_text(errors="replace")
