@@ -1,0 +1,112 @@
+"""``produce --stdin`` with keys and attributes, ``consume --output`` and ``--print``, through
+both clients against a real daemon; malformed input exits 2 and sends nothing."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from danube_ingest.broker.server import Broker
+from danube_ingest.cli.messages import Message, render
+from danube_ingest.testing import broker_config, running_broker
+from tests.cli.cli_support import run_cli
+
+pytestmark = pytest.mark.etcd
+
+LINES = b"k1:first\nk2:second: with a colon\n:no key\n"
+
+
+@pytest.fixture
+async def broker(tmp_path: Path, etcd_server: str) -> AsyncIterator[Broker]:
+    prefix = f"/t{uuid.uuid4().hex[:12]}"
+    async with running_broker(broker_config(tmp_path / "b1", etcd_server, prefix=prefix)) as b:
+        yield b
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("client", ["ingest", "danube"])
+async def test_stdin_keys_attributes_then_json_print_and_raw(broker: Broker, client: str) -> None:
+    url = ("--service-url", broker.url)
+    topic = f"/default/formats_{client}"
+    code, _, err = await run_cli(
+        "produce", *url, "--topic", topic, "--client", client, "--stdin", "--key-separator",
+        ":", "-H", "source=test", "-H", "kind=a=b", stdin=LINES,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "sent 3/3 messages" in err, err
+
+    code, out, err = await run_cli(
+        "consume", *url, "--topic", topic, "--client", client, "--subscription", "j",
+        "--count", "3", "--output", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    documents = [json.loads(line) for line in out.splitlines()]
+    assert [(d["offset"], d["key"], d["payload"]) for d in documents] == [
+        (0, "k1", "first"),
+        (1, "k2", "second: with a colon"),
+        (2, None, "no key"),
+    ]
+    assert all(d["attributes"] == {"source": "test", "kind": "a=b"} for d in documents)
+    assert all(d["topic"] == topic and d["producer"] == "cli-producer" for d in documents)
+    assert datetime.fromisoformat(documents[0]["publish_time"]).tzinfo is not None
+    # The batch path carries the broker's ingest time; danube-client's messages do not.
+    assert (documents[0]["ingest_time"] is None) == (client == "danube"), documents[0]
+
+    code, out, err = await run_cli(
+        "consume", *url, "--topic", topic, "--client", client, "--subscription", "p",
+        "--count", "3", "--print", "{offset}\\t{key}|{payload}|{attributes}",
+    )  # fmt: skip
+    assert code == 0, err
+    attributes = '{"kind": "a=b", "source": "test"}'
+    assert out.splitlines() == [
+        f"0\tk1|first|{attributes}",
+        f"1\tk2|second: with a colon|{attributes}",
+        f"2\t|no key|{attributes}",
+    ]
+    code, out, err = await run_cli(
+        "consume", *url, "--topic", topic, "--client", client, "--subscription", "r",
+        "--count", "3", "--output", "raw",
+    )  # fmt: skip
+    assert code == 0, err
+    assert out == "first\nsecond: with a colon\nno key\n"
+
+
+@pytest.mark.slow
+async def test_malformed_input_sends_nothing(broker: Broker) -> None:
+    url = ("--service-url", broker.url)
+    topic = "/default/formats_refused"
+    cases = [
+        (["--stdin", "--key-separator", ":"], b"k:ok\nno separator here\n", "stdin line 2"),
+        (["-H", "novalue"], b"", "attribute 'novalue': expected NAME=VALUE"),
+        (["--key-separator", ":"], b"", "--key-separator applies to --stdin lines"),
+        (["--stdin", "--size", "8"], b"x\n", "--stdin sends stdin's lines"),
+    ]
+    for argv, stdin, message in cases:
+        code, _, err = await run_cli("produce", *url, "--topic", topic, *argv, stdin=stdin)
+        assert code == 2, (argv, err)
+        assert message in err, err
+    code, _, err = await run_cli(
+        "consume", *url, "--topic", topic, "--print", "{offset} {nope}", "--count", "1"
+    )
+    assert code == 2 and "unknown field {nope}" in err, err
+    # Nothing was sent: the topic was never created.
+    code, out, err = await run_cli(
+        "topics", "--etcd", broker.config.etcd.endpoints[0], "--prefix", broker.config.etcd.prefix
+    )
+    assert code == 0, err
+    assert topic not in out, out
+
+
+def test_json_output_keeps_undecodable_payloads_as_base64() -> None:
+    message = Message("/ns/t", 7, b"\xff\x00", "p", publish_ms=1_700_000_000_000)
+    document = json.loads(render(message, "json", None))
+    assert document["payload"] == "/wA=" and document["payload_encoding"] == "base64"
+    assert document["key"] is None and document["ingest_time"] is None
+    assert document["publish_time"] == "2023-11-14T22:13:20.000+00:00"
+    assert render(message, "raw", None) == b"\xff\x00\n"
+    assert render(message, "text", None) == "/ns/t@7 [p] \ufffd\x00\n".encode()
