@@ -68,6 +68,15 @@ class StrategyMismatchError(BrokerError):
     pass
 
 
+class SubscriptionNotFoundError(BrokerError):
+    """A subscription named by an admin call does not exist."""
+
+
+class SubscriptionInUseError(BrokerError):
+    """An admin call would move or remove a subscription that has connected consumers: they
+    must stop first (their in-flight messages and acks would otherwise race the change)."""
+
+
 class InvalidRequestError(BrokerError):
     pass
 

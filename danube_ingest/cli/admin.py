@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from danube_ingest.broker.deletion import delete_topic
 from danube_ingest.broker.names import parse_topic, partition_base, partition_name
+from danube_ingest.cli import subscriptions
 from danube_ingest.cli.client import non_negative, topic_name
 from danube_ingest.cli.etcd_args import add_etcd_security, etcd_security
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
@@ -100,18 +101,21 @@ def register(commands: Any) -> None:
 
     subs = commands.add_parser(
         "subscriptions",
-        help="list a topic's subscriptions with cursor and lag",
-        description="A topic's subscriptions (of each partition of a partitioned topic): type, "
-        "cursor (every offset below it is acknowledged) and lag (messages between the topic's "
-        "end and the cursor, as its owner reports it on /metrics; '-' when the topic has no "
-        "live owner or its lag is not among the owner's metrics.max_lag_series largest).",
+        help="list a topic's subscriptions with cursor and lag; reset or delete one",
+        description="With --topic: a topic's subscriptions (of each partition of a "
+        "partitioned topic): type, cursor (every offset below it is acknowledged) and lag "
+        "(messages between the topic's end and the cursor, as its owner reports it on "
+        "/metrics; '-' when the topic has no live owner or its lag is not among the owner's "
+        "metrics.max_lag_series largest). 'reset' and 'delete' change one through the topic's "
+        "owner.",
         formatter_class=DefaultsHelpFormatter,
     )
     _etcd_options(subs)
     subs.add_argument(
-        "--topic", required=True, type=topic_name, help="topic name, /namespace/topic"
+        "--topic", type=topic_name, help="topic name, /namespace/topic (required to list)"
     )
     subs.set_defaults(handler=_sync(_subscriptions))
+    subscriptions.register_actions(subs)
 
     status = commands.add_parser(
         "status",
@@ -236,6 +240,9 @@ async def _request_unload(
 
 
 async def _subscriptions(args: argparse.Namespace) -> int:
+    if args.topic is None:
+        print("danube-ingest: error: subscriptions: give --topic TOPIC to list", file=sys.stderr)
+        return 2
     kv, keys, records = await _connect(args)
     try:
         rows = await _subscription_rows(kv, keys, records, await _partitions(records, args.topic))
