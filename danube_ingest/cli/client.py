@@ -115,6 +115,21 @@ def _start_position(text: str) -> StartPosition:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+class _Given(argparse.Action):
+    """Store the value and note that it was given (``DEST_given``): ``produce --stdin`` reads
+    every line unless ``--count`` is given, though ``--count`` has a default."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
 # -- parsers -----------------------------------------------------------------------------------
 
 
@@ -130,8 +145,9 @@ def register(commands: Any) -> None:
     produce.add_argument(
         "--count",
         type=non_negative,
-        help="messages to send (default 10; with --stdin: at most this many lines, 0 or "
-        "unset: all)",
+        default=10,
+        action=_Given,
+        help="messages to send; with --stdin only if given: at most this many lines (0: all)",
     )
     produce.add_argument(
         "--stdin",
@@ -431,11 +447,12 @@ def produce_records(args: argparse.Namespace) -> list[messages.Record]:
             key_separator=args.key_separator,
             key=args.key,
             attributes=attributes,
-            limit=args.count or 0,
+            limit=args.count if getattr(args, "count_given", False) else 0,
         )
     payload = b"x" * args.size if args.size else str(args.message).encode()
-    count = 10 if args.count is None else args.count
-    return [messages.Record(payload, args.key, {"seq": str(i), **attributes}) for i in range(count)]
+    return [
+        messages.Record(payload, args.key, {"seq": str(i), **attributes}) for i in range(args.count)
+    ]
 
 
 def consumer_start(

@@ -3,7 +3,9 @@ both clients against a real daemon; malformed input exits 2 and sends nothing.""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -12,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from danube_ingest.broker.server import Broker
+from danube_ingest.cli import build_parser
+from danube_ingest.cli.client import produce_records
 from danube_ingest.cli.messages import Message, render
 from danube_ingest.testing import broker_config, running_broker
 from tests.cli.cli_support import run_cli
@@ -110,3 +114,15 @@ def test_json_output_keeps_undecodable_payloads_as_base64() -> None:
     assert document["publish_time"] == "2023-11-14T22:13:20.000+00:00"
     assert render(message, "raw", None) == b"\xff\x00\n"
     assert render(message, "text", None) == "/ns/t@7 [p] \ufffd\x00\n".encode()
+
+
+@pytest.mark.parametrize(("count", "sent"), [([], 3), (["--count", "2"], 2), (["--count", "0"], 3)])
+def test_stdin_sends_every_line_unless_count_is_given(
+    count: list[str], sent: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = build_parser().parse_args(["produce", "--topic", "/ns/t", "--stdin", *count])
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a\nb\nc")))
+    assert [r.payload for r in produce_records(args)] == [b"a", b"b", b"c"][:sent]
+    # Without --stdin the default count (10) applies.
+    args = build_parser().parse_args(["produce", "--topic", "/ns/t"])
+    assert len(produce_records(args)) == 10
