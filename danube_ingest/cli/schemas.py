@@ -194,6 +194,7 @@ def _run(call: Call) -> Callable[[argparse.Namespace], int]:
 
     def handler(args: argparse.Namespace) -> int:
         try:
+            _read_file(args)
             return asyncio.run(session(args))
         except _BadInput as exc:
             print(f"danube-ingest: error: {exc}", file=sys.stderr)
@@ -208,13 +209,23 @@ def _run(call: Call) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
-def _definition(path: Path, schema_type: str) -> bytes:
-    """The bytes of ``path``, checked to parse as ``schema_type`` (``_BadInput`` naming the
-    file otherwise)."""
+def _read_file(args: argparse.Namespace) -> None:
+    """Read ``--file`` (if the command has one) into ``args.data`` before connecting, checked
+    to parse as ``--type`` when given: bad input is refused before anything is sent."""
+    path: Path | None = getattr(args, "file", None)
+    if path is None:
+        return
     try:
-        data = path.read_bytes()
+        args.data = path.read_bytes()
     except OSError as exc:
         raise _BadInput(f"--file {path}: cannot read it: {exc.strerror}") from None
+    if args.type is not None:
+        _definition(path, args.data, args.type)
+
+
+def _definition(path: Path, data: bytes, schema_type: str) -> bytes:
+    """``data`` (read from ``path``), checked to parse as ``schema_type`` (``_BadInput``
+    naming the file otherwise)."""
     try:
         parse_definition(SchemaType.parse(schema_type), data)
     except InvalidSchemaError as exc:
@@ -223,7 +234,7 @@ def _definition(path: Path, schema_type: str) -> bytes:
 
 
 async def _register(args: argparse.Namespace, stub: Any, metadata: Any) -> int:
-    data = _definition(args.file, args.type)
+    data = args.data
     answer = await stub.RegisterSchema(
         pb.RegisterSchemaRequest(
             subject=args.subject,
@@ -276,7 +287,7 @@ async def _check(args: argparse.Namespace, stub: Any, metadata: Any) -> int:
             pb.GetLatestSchemaRequest(subject=args.subject), metadata=metadata
         )
         schema_type = latest.schema_type
-    data = _definition(args.file, schema_type)
+    data = _definition(args.file, args.data, schema_type)
     request = pb.CheckCompatibilityRequest(
         subject=args.subject, new_schema_definition=data, schema_type=schema_type
     )
