@@ -360,7 +360,13 @@ async def _describe(args: argparse.Namespace) -> int:
         created = datetime.fromtimestamp(found[0].created_ms / 1000, UTC)
         print(f"created: {created.isoformat(timespec='seconds')}")
         print(f"retention: {await _retention(kv, keys, args.topic)}")
-        print(f"schema: {await _schema(kv, keys, topics[0])}")
+        schemas = {topic: await _schema(kv, keys, topic) for topic in topics}
+        if len(set(schemas.values())) == 1:
+            print(f"schema: {schemas[topics[0]]}")
+        else:
+            print("schema (partitions differ):")
+            for topic, schema in schemas.items():
+                print(f"  {topic}: {schema}")
         manifest = Manifest(kv, keys)
         rows = []
         for topic in topics:

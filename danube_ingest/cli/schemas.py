@@ -26,6 +26,7 @@ import grpc
 from danube.proto import SchemaRegistry_pb2 as pb
 from danube.proto import SchemaRegistry_pb2_grpc as pb_grpc
 
+from danube_ingest.cli import danube_client
 from danube_ingest.cli.admin import _table as table
 from danube_ingest.cli.client import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -132,7 +133,7 @@ def register(commands: Any) -> None:
         description="Bind TOPIC to SUBJECT. Policy 'none' checks nothing; 'warn' logs "
         "messages that carry no schema id of the subject (or, with --payload-validation, do "
         "not decode) and stores them; 'enforce' refuses them (INVALID_ARGUMENT). The topic "
-        "need not exist yet.",
+        "need not exist yet; each partition of a partitioned topic is attached.",
         formatter_class=DefaultsHelpFormatter,
     )
     attach.add_argument("topic", type=topic_name, help="topic name, /namespace/topic")
@@ -304,16 +305,21 @@ async def _check(args: argparse.Namespace, stub: Any, metadata: Any) -> int:
 
 
 async def _attach(args: argparse.Namespace, stub: Any, metadata: Any) -> int:
-    answer = await stub.ConfigureTopicSchema(
-        pb.ConfigureTopicSchemaRequest(
-            topic_name=args.topic,
-            schema_subject=args.subject,
-            validation_policy=args.policy,
-            enable_payload_validation=args.payload_validation,
-        ),
-        metadata=metadata,
+    # Each partition of a partitioned topic is a topic of its own, with its own binding.
+    topics = await danube_client.partitions(
+        args.service_url, args.topic, tls_options(args), token_of(args)
     )
-    print(answer.message)
+    for topic in topics:
+        answer = await stub.ConfigureTopicSchema(
+            pb.ConfigureTopicSchemaRequest(
+                topic_name=topic,
+                schema_subject=args.subject,
+                validation_policy=args.policy,
+                enable_payload_validation=args.payload_validation,
+            ),
+            metadata=metadata,
+        )
+        print(answer.message)
     return 0
 
 

@@ -53,8 +53,10 @@ async def test_create_describe_and_subscription_lag(broker: Broker) -> None:
         str(ROOT / "config" / "schemas" / "order.avsc"), *url,
     )  # fmt: skip
     assert code == 0, err
-    code, _, err = await run_cli("schemas", "attach", f"{topic}-part-0", "described", *url)
+    code, out, err = await run_cli("schemas", "attach", topic, "described", *url)
     assert code == 0, err
+    # Each partition is attached.
+    assert [line.split()[1] for line in out.splitlines()] == [f"{topic}-part-{p}" for p in (0, 1)]
     code, _, err = await run_cli("retention", "set", "/default", "--max-age", "7d", *etcd)
     assert code == 0, err
 
@@ -67,7 +69,7 @@ async def test_create_describe_and_subscription_lag(broker: Broker) -> None:
         "dispatch: reliable",
     ], out
     assert "retention: max_age=7d" in out, out
-    assert "schema: subject described (schema id" in out and "policy warn" in out, out
+    assert "\nschema: subject described (schema id" in out and "policy warn" in out, out
     assert f"{topic}-part-0  broker-1 (epoch " in out, out
     # The owner writes cursors to etcd within progress.interval (1 s); lag is live.
     for _ in range(50):
