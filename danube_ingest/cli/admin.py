@@ -73,6 +73,10 @@ def register(commands: Any) -> None:
     describe = actions.add_parser(
         "describe",
         help="one topic: partitions, dispatch, owner, retention, schema, offsets, subscriptions",
+        description="One topic (every partition of a partitioned one), from etcd: partitions, "
+        "dispatch, creation time, retention policy (its own over its namespace's), schema "
+        "subject and validation policy, owner and offsets in objects, subscriptions with "
+        "cursor and lag. Exit 1 if it does not exist.",
         formatter_class=DefaultsHelpFormatter,
     )
     _etcd_options(describe)
