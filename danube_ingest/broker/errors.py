@@ -9,6 +9,8 @@
  ├── TakeoverPendingError        UNAVAILABLE          the new owner waits for the previous
  │                                                    owner's unuploaded tail (retriable)
      ├── StrategyMismatchError       FAILED_PRECONDITION  reliable vs non-reliable, or sub type
+     ├── SubscriptionInUseError      FAILED_PRECONDITION  reset/delete with consumers connected
+     ├── SubscriptionNotFoundError   NOT_FOUND            reset/delete of an unknown subscription
      ├── InvalidRequestError         INVALID_ARGUMENT     oversize payload, too many attributes...
      ├── LimitExceededError          RESOURCE_EXHAUSTED   too many producers / consumers
      └── ListenError                 (start-up)           the listen address cannot be bound
