@@ -9,6 +9,8 @@
  ├── TakeoverPendingError        UNAVAILABLE          the new owner waits for the previous
  │                                                    owner's unuploaded tail (retriable)
      ├── StrategyMismatchError       FAILED_PRECONDITION  reliable vs non-reliable, or sub type
+     ├── SubscriptionInUseError      FAILED_PRECONDITION  reset/delete with consumers connected
+     ├── SubscriptionNotFoundError   NOT_FOUND            reset/delete of an unknown subscription
      ├── InvalidRequestError         INVALID_ARGUMENT     oversize payload, too many attributes...
      ├── LimitExceededError          RESOURCE_EXHAUSTED   too many producers / consumers
      └── ListenError                 (start-up)           the listen address cannot be bound
@@ -66,6 +68,15 @@ class TakeoverPendingError(BrokerError):
 
 class StrategyMismatchError(BrokerError):
     pass
+
+
+class SubscriptionNotFoundError(BrokerError):
+    """A subscription named by an admin call does not exist."""
+
+
+class SubscriptionInUseError(BrokerError):
+    """An admin call would move or remove a subscription that has connected consumers: they
+    must stop first (their in-flight messages and acks would otherwise race the change)."""
 
 
 class InvalidRequestError(BrokerError):

@@ -28,6 +28,7 @@ import grpc
 from danube.proto import SchemaRegistry_pb2_grpc as schema_grpc
 from prometheus_client import CollectorRegistry
 
+from danube_ingest.broker.admin_service import add_subscription_admin
 from danube_ingest.broker.batch import add_ingest_service
 from danube_ingest.broker.errors import ListenError, TlsSetupError
 from danube_ingest.broker.forward import Forwarder
@@ -332,6 +333,7 @@ class Broker:
             self._durable.start()
         self._forwarder = add_services(gate, self.manager, self.guard)
         add_ingest_service(gate, self.manager, self.guard)
+        add_subscription_admin(gate, self.manager, self.guard)
         schema_grpc.add_SchemaRegistryServicer_to_server(SchemaRegistryServicer(schemas), gate)
         gate.open()
         self._serving = True

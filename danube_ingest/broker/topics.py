@@ -48,6 +48,8 @@ from danube_ingest.broker.errors import (
     LimitExceededError,
     NotOwnerError,
     StrategyMismatchError,
+    SubscriptionInUseError,
+    SubscriptionNotFoundError,
     TopicNotFoundError,
     UnknownClientError,
 )
@@ -903,6 +905,94 @@ class TopicManager:
         if start.kind == "earliest":
             return min(earliest, end)
         return min(max(start.value, earliest), end)
+
+    # -- subscription admin (``danube-ingest subscriptions reset|delete``) -------------------
+
+    async def reset_subscription(
+        self, topic: str, subscription: str, start: StartPosition
+    ) -> tuple[int | None, int]:
+        """Move a reliable subscription's cursor to ``start`` (resolved as for a new
+        subscription: within [earliest retained, end]); returns (previous cursor, new cursor).
+
+        Refused with ``SubscriptionInUseError`` while consumers are connected to it. The new
+        cursor is written through the fenced progress path before this returns, and the
+        subscription's next consumer reads from it; acknowledged messages at or above it are
+        delivered again, those below it are skipped.
+        """
+        runtime, sub = await self._idle_subscription(topic, subscription)
+        async with runtime.creating:
+            sub = self._check_idle(runtime, subscription)
+            info = await self._store.ensure_topic(topic)
+            cursor = await self._start_offset(topic, info.high_watermark, start)
+            previous = (
+                sub.cursor
+                if isinstance(sub, ReliableSubscription)
+                else await self._records.get_cursor(topic, subscription)
+            )
+            if sub is not None:
+                del runtime.subscriptions[subscription]
+                await sub.close()
+            self._progress.set(
+                topic, self._keys.subscription_cursor(topic, subscription), encode_cursor(cursor)
+            )
+            await self._progress.flush(topic)
+        log.info(
+            "subscription reset topic=%s sub=%s start=%s previous=%s cursor=%d",
+            topic,
+            subscription,
+            start,
+            previous,
+            cursor,
+        )
+        return previous, cursor
+
+    async def delete_subscription(self, topic: str, subscription: str) -> None:
+        """Delete a reliable subscription and its cursor. Refused with
+        ``SubscriptionInUseError`` while consumers are connected to it. Its consumers'
+        registrations stay: one that subscribes again creates the subscription anew, where it
+        asks to start."""
+        runtime, _ = await self._idle_subscription(topic, subscription)
+        async with runtime.creating:
+            sub = self._check_idle(runtime, subscription)
+            if sub is not None:
+                del runtime.subscriptions[subscription]
+                await sub.close()
+            # Its pending cursor is written first, so nothing writes the cursor after the
+            # deletion below.
+            await self._progress.flush(topic)
+            await self._records.delete_subscription(topic, subscription)
+        log.info("subscription deleted topic=%s sub=%s", topic, subscription)
+
+    async def _idle_subscription(
+        self, topic: str, subscription: str
+    ) -> tuple[TopicRuntime, Subscription | None]:
+        """The runtime of ``topic`` (loaded here, as a subscribe would) and the subscription's
+        runtime if loaded; raises unless the topic is reliable and the subscription exists
+        with no consumer connected."""
+        parse_topic(topic)
+        check_name(subscription, "subscription name")
+        runtime = await self._load(topic)
+        if not runtime.reliable:
+            raise InvalidRequestError(
+                f"topic {topic} is non-reliable: its subscriptions have no cursor to reset or "
+                "delete"
+            )
+        if await self._records.get_subscription(topic, subscription) is None:
+            raise SubscriptionNotFoundError(f"topic {topic} has no subscription {subscription!r}")
+        return runtime, self._check_idle(runtime, subscription)
+
+    @staticmethod
+    def _check_idle(runtime: TopicRuntime, subscription: str) -> Subscription | None:
+        sub = runtime.subscriptions.get(subscription)
+        if sub is None:
+            return None
+        connected = [handle.name for handle in sub.consumers if not handle.closed]
+        if connected:
+            raise SubscriptionInUseError(
+                f"subscription {subscription!r} of {runtime.name} has {len(connected)} connected "
+                f"consumer(s) ({', '.join(sorted(connected))}): stop them, then run this again"
+            )
+        return sub
 
     def _cursor_advanced(self, topic: str, key: str, cursor: int) -> None:
         """Called on every ack that advances a cursor (``key``: computed once)."""

@@ -20,13 +20,14 @@ from danube_ingest.cli import (
     client,
     objects,
     retention,
+    schemas,
     tables,
     wal,
 )
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.observability.logs import formatter
 
-_GROUPS = (broker, client, bench, admin, brokers, wal, objects, retention, tables)
+_GROUPS = (broker, client, bench, admin, schemas, brokers, wal, objects, retention, tables)
 #: Long-running commands: their log lines are their output, so they log INFO by default.
 _SERVERS = frozenset({"broker", "dev", "etcd"})
 

@@ -15,13 +15,18 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from danube_ingest.broker.deletion import delete_topic
+from danube_ingest.broker.names import parse_topic, partition_base, partition_name
+from danube_ingest.cli import subscriptions
+from danube_ingest.cli.client import non_negative, topic_name
 from danube_ingest.cli.etcd_args import add_etcd_security, etcd_security
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
+from danube_ingest.cli.retention import describe as describe_policy
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.durable import DurableEnd, read_durable_end
 from danube_ingest.metadata.etcd import EtcdKV
@@ -30,7 +35,10 @@ from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV
 from danube_ingest.metadata.manifest import Manifest
 from danube_ingest.metadata.ownership import Owner
-from danube_ingest.metadata.records import Records
+from danube_ingest.metadata.policies import Policies, RetentionPolicy, effective
+from danube_ingest.metadata.records import Records, TopicRecord
+from danube_ingest.schema import SchemaNotFoundError, SchemaRegistry
+from danube_ingest.schema.kvstore import KVSchemaStore
 
 
 def register(commands: Any) -> None:
@@ -42,7 +50,41 @@ def register(commands: Any) -> None:
     _etcd_options(topics)
     topics.add_argument("--namespace", help="only this namespace")
     topics.set_defaults(handler=_sync(_topics))
-    actions = topics.add_subparsers(dest="action", metavar="{delete,unload}")
+    actions = topics.add_subparsers(dest="action", metavar="{create,describe,delete,unload}")
+    create = actions.add_parser(
+        "create",
+        help="create a topic (or N partitions of it) before any producer does",
+        description="Create a topic's record in etcd; a broker takes it on first use. A "
+        "producer creates a missing topic by itself: this is for choosing its dispatch "
+        "strategy and partitions up front. Exit 1 if it exists already.",
+        formatter_class=DefaultsHelpFormatter,
+    )
+    _etcd_options(create)
+    create.add_argument("topic", type=topic_name, help="topic name, /namespace/topic")
+    create.add_argument(
+        "--partitions",
+        type=non_negative,
+        default=0,
+        help="create partitions TOPIC-part-0 .. -part-(N-1) (0: one plain topic)",
+    )
+    create.add_argument(
+        "--non-reliable",
+        action="store_true",
+        help="non-reliable dispatch (no WAL, live fan-out only)",
+    )
+    create.set_defaults(handler=_sync(_create))
+    describe = actions.add_parser(
+        "describe",
+        help="one topic: partitions, dispatch, owner, retention, schema, offsets, subscriptions",
+        description="One topic (every partition of a partitioned one), from etcd: partitions, "
+        "dispatch, creation time, retention policy (its own over its namespace's), schema "
+        "subject and validation policy, owner and offsets in objects, subscriptions with "
+        "cursor and lag. Exit 1 if it does not exist.",
+        formatter_class=DefaultsHelpFormatter,
+    )
+    _etcd_options(describe)
+    describe.add_argument("topic", type=topic_name, help="topic name, /namespace/topic")
+    describe.set_defaults(handler=_sync(_describe))
     delete = actions.add_parser(
         "delete",
         help="delete a topic: fence its owner, remove its metadata, retire its objects",
@@ -66,12 +108,21 @@ def register(commands: Any) -> None:
 
     subs = commands.add_parser(
         "subscriptions",
-        help="list a topic's subscriptions and cursors",
+        help="list a topic's subscriptions with cursor and lag; reset or delete one",
+        description="With --topic: a topic's subscriptions (of each partition of a "
+        "partitioned topic): type, cursor (every offset below it is acknowledged) and lag "
+        "(messages between the topic's end and the cursor, as its owner reports it on "
+        "/metrics; '-' when the topic has no live owner or its lag is not among the owner's "
+        "metrics.max_lag_series largest). 'reset' and 'delete' change one through the topic's "
+        "owner.",
         formatter_class=DefaultsHelpFormatter,
     )
     _etcd_options(subs)
-    subs.add_argument("--topic", required=True, help="topic name, /namespace/topic")
+    subs.add_argument(
+        "--topic", type=topic_name, help="topic name, /namespace/topic (required to list)"
+    )
     subs.set_defaults(handler=_sync(_subscriptions))
+    subscriptions.register_actions(subs)
 
     status = commands.add_parser(
         "status",
@@ -196,16 +247,181 @@ async def _request_unload(
 
 
 async def _subscriptions(args: argparse.Namespace) -> int:
-    kv, _keys, records = await _connect(args)
+    if args.topic is None:
+        print("danube-ingest: error: subscriptions: give --topic TOPIC to list", file=sys.stderr)
+        return 2
+    kv, keys, records = await _connect(args)
     try:
+        rows = await _subscription_rows(kv, keys, records, await _partitions(records, args.topic))
+    finally:
+        await kv.close()
+    _table(("topic", "subscription", "type", "cursor", "lag"), rows)
+    return 0
+
+
+async def _partitions(records: Records, topic: str) -> list[str]:
+    """``topic`` itself if it exists, else its partitions (``topic-part-N``), in index order;
+    ``[topic]`` when neither exists."""
+    if await records.get_topic(topic) is not None:
+        return [topic]
+    ns, _ = parse_topic(topic)
+    found = []
+    for record in await records.list_topics(ns):
+        base = partition_base(record.name)
+        if base is not None and base[0] == topic:
+            found.append((base[1], record.name))
+    return [name for _, name in sorted(found)] or [topic]
+
+
+async def _subscription_rows(
+    kv: EtcdKV, keys: Keys, records: Records, topics: Sequence[str]
+) -> list[tuple[str, ...]]:
+    """(topic, subscription, type, cursor, lag) of every subscription of ``topics``."""
+    rows: list[tuple[str, ...]] = []
+    for topic in topics:
+        lags = await _owner_lags(kv, keys, topic)
+        for sub in await records.list_subscriptions(topic):
+            cursor = await records.get_cursor(topic, sub.name)
+            lag = lags.get(sub.name)
+            rows.append(
+                (
+                    topic,
+                    sub.name,
+                    sub.sub_type,
+                    "-" if cursor is None else str(cursor),
+                    "-" if lag is None else f"{lag:.0f}",
+                )
+            )
+    return rows
+
+
+async def _owner_lags(kv: EtcdKV, keys: Keys, topic: str) -> dict[str, float]:
+    """The lag of ``topic``'s subscriptions as its live owner reports it on ``/metrics``;
+    empty when it has no owner, the owner has no metrics endpoint or it cannot be read."""
+    owner = await _owner(kv, keys, topic)
+    if owner is None:
+        return {}
+    found = await kv.get(keys.broker(owner.broker_id))
+    metrics_url = None if found is None else json.loads(found.value).get("metrics_url")
+    if not metrics_url:
+        return {}
+    try:
+        figures = await asyncio.to_thread(scrape, f"{metrics_url}/metrics")
+    except OSError:
+        return {}
+    lags = {}
+    for (name, labels), value in figures.items():
+        label = dict(labels)
+        if name == "danube_ingest_subscription_lag_messages" and label.get("topic") == topic:
+            lags[label["subscription"]] = value
+    return lags
+
+
+async def _create(args: argparse.Namespace) -> int:
+    kv, _keys, records = await _connect(args)
+    names = [partition_name(args.topic, i) for i in range(args.partitions)] or [args.topic]
+    reliable = not args.non_reliable
+    try:
+        if args.partitions and await records.get_topic(args.topic) is not None:
+            print(f"error: topic {args.topic} exists as a plain topic", file=sys.stderr)
+            return 1
+        created = []
+        for name in names:
+            record, new = await records.create_topic_if_absent(
+                TopicRecord(name=name, reliable=reliable, created_ms=int(time.time() * 1000))
+            )
+            if new:
+                created.append(name)
+            elif record.reliable != reliable:
+                print(
+                    f"error: topic {name} exists and is "
+                    f"{'reliable' if record.reliable else 'non-reliable'}",
+                    file=sys.stderr,
+                )
+                return 1
+    finally:
+        await kv.close()
+    dispatch = "reliable" if reliable else "non-reliable"
+    if not created:
+        print(f"error: topic {args.topic} exists already ({dispatch})", file=sys.stderr)
+        return 1
+    what = f"{len(created)} partitions" if args.partitions else "1 topic"
+    print(f"topic {args.topic} created ({dispatch}, {what})")
+    return 0
+
+
+async def _describe(args: argparse.Namespace) -> int:
+    kv, keys, records = await _connect(args)
+    try:
+        topics = await _partitions(records, args.topic)
+        found = [r for r in [await records.get_topic(t) for t in topics] if r is not None]
+        if not found:
+            print(f"error: topic {args.topic} does not exist", file=sys.stderr)
+            return 1
+        print(f"topic: {args.topic}")
+        if topics != [args.topic]:
+            print(f"partitions: {len(topics)} ({', '.join(topics)})")
+        else:
+            print("partitions: - (not partitioned)")
+        print(f"dispatch: {'reliable' if found[0].reliable else 'non-reliable'}")
+        created = datetime.fromtimestamp(found[0].created_ms / 1000, UTC)
+        print(f"created: {created.isoformat(timespec='seconds')}")
+        print(f"retention: {await _retention(kv, keys, args.topic)}")
+        schemas = {topic: await _schema(kv, keys, topic) for topic in topics}
+        if len(set(schemas.values())) == 1:
+            print(f"schema: {schemas[topics[0]]}")
+        else:
+            print("schema (partitions differ):")
+            for topic, schema in schemas.items():
+                print(f"  {topic}: {schema}")
+        manifest = Manifest(kv, keys)
         rows = []
-        for sub in await records.list_subscriptions(args.topic):
-            cursor = await records.get_cursor(args.topic, sub.name)
-            rows.append((sub.name, sub.sub_type, "-" if cursor is None else str(cursor)))
-        _table(("subscription", "type", "cursor"), rows)
+        for topic in topics:
+            owner = await _owner(kv, keys, topic)
+            ranges = await manifest.ranges(topic) if found[0].reliable else []
+            rows.append(
+                (
+                    topic,
+                    f"{owner.broker_id} (epoch {owner.epoch})" if owner else "-",
+                    f"{ranges[0].start_offset}..{ranges[-1].end_offset}" if ranges else "-",
+                )
+            )
+        print("owner and offsets:")
+        _table(("topic", "owner", "offsets in objects"), rows, indent="  ")
+        print("subscriptions:")
+        _table(
+            ("topic", "subscription", "type", "cursor", "lag"),
+            await _subscription_rows(kv, keys, records, topics),
+            indent="  ",
+        )
     finally:
         await kv.close()
     return 0
+
+
+async def _retention(kv: EtcdKV, keys: Keys, topic: str) -> str:
+    """The topic's retention policy (its own over its namespace's), as ``retention show``
+    says it."""
+    stored = await Policies(kv, keys).all()
+    policy = effective(topic, stored, RetentionPolicy())
+    if policy == RetentionPolicy():
+        return "none set (the retention job's default applies)"
+    return describe_policy(policy)
+
+
+async def _schema(kv: EtcdKV, keys: Keys, topic: str) -> str:
+    """The topic's schema subject and validation policy, ``none`` without one."""
+    try:
+        config = await SchemaRegistry(KVSchemaStore(kv, keys)).get_topic_schema_config(topic)
+    except SchemaNotFoundError:
+        return "none"
+    if config.subject is None:
+        return f"none (validation policy {config.validation_policy.value})"
+    payload = ", payload validation" if config.enable_payload_validation else ""
+    return (
+        f"subject {config.subject} (schema id {config.schema_id}), validation policy "
+        f"{config.validation_policy.value}{payload}"
+    )
 
 
 async def _status(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ from danube import DanubeError
 
 from danube_ingest.broker.names import parse_topic, partition_name
 from danube_ingest.broker.start import InvalidStartPositionError, StartPosition
-from danube_ingest.cli import danube_client
+from danube_ingest.cli import danube_client, messages
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.cli.progress import ProgressLine
 from danube_ingest.cli.tls_args import add_tls_options, tls_options
@@ -42,6 +42,7 @@ from danube_ingest.client import (
     target,
 )
 from danube_ingest.errors import DanubeIngestError
+from danube_ingest.wal.framing import Entry
 
 #: Where ``consume`` starts a subscription it creates. Danube (and danube-client) start a new
 #: subscription at the newest offset; the CLI starts at the oldest retained one, so that
@@ -52,6 +53,8 @@ DEFAULT_START = "earliest"
 DEFAULT_CONNECT_TIMEOUT = 5.0
 
 CLIENTS = ("ingest", "danube")
+#: What ``produce`` sends without ``--message``, ``--size`` or ``--stdin``.
+MESSAGE = "hello from danube-ingest"
 _CLIENT_HELP = (
     "'ingest': the batch path (danube_ingest.client, many messages per request); 'danube': "
     "the real danube-client (one RPC per message, what Danube applications use)"
@@ -112,6 +115,21 @@ def _start_position(text: str) -> StartPosition:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+class _Given(argparse.Action):
+    """Store the value and note that it was given (``DEST_given``): ``produce --stdin`` reads
+    every line unless ``--count`` is given, though ``--count`` has a default."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
 # -- parsers -----------------------------------------------------------------------------------
 
 
@@ -124,8 +142,39 @@ def register(commands: Any) -> None:
         formatter_class=DefaultsHelpFormatter,
     )
     common(produce)
-    produce.add_argument("--count", type=non_negative, default=10, help="messages to send")
-    produce.add_argument("--message", default="hello from danube-ingest", help="payload text")
+    produce.add_argument(
+        "--count",
+        type=non_negative,
+        default=10,
+        action=_Given,
+        help="messages to send; with --stdin only if given: at most this many lines (0: all)",
+    )
+    produce.add_argument(
+        "--stdin",
+        action="store_true",
+        help="send one message per line of stdin (read to its end and checked first; a bad "
+        "line sends nothing) instead of --message/--size",
+    )
+    produce.add_argument(
+        "--key-separator",
+        metavar="SEP",
+        help="with --stdin: each line is KEY<SEP>PAYLOAD (split at the first SEP), as kcat -K",
+    )
+    produce.add_argument(
+        "-H",
+        "--attribute",
+        action="append",
+        type=messages.attribute,
+        default=[],
+        metavar="NAME=VALUE",
+        help="an attribute of every message (repeat for more)",
+    )
+    produce.add_argument(
+        "--schema-subject",
+        help="stamp messages with this schema subject's latest version (needs --client "
+        "danube); with an Avro subject each --stdin line is a JSON record, sent Avro-encoded",
+    )
+    produce.add_argument("--message", default=MESSAGE, help="payload text")
     produce.add_argument(
         "--size", type=non_negative, help="send payloads of this many bytes instead"
     )
@@ -175,6 +224,22 @@ def register(commands: Any) -> None:
     )
     consume.add_argument("--count", type=non_negative, default=0, help="stop after N (0: forever)")
     consume.add_argument("--quiet", action="store_true", help="show progress, not messages")
+    consume.add_argument(
+        "--output",
+        choices=messages.OUTPUTS,
+        default="text",
+        help="'text': topic@offset [producer] payload; 'json': one JSON object per message "
+        "(topic, offset, key, payload, attributes, publish_time, ingest_time, producer, "
+        "schema_id, schema_version); 'raw': the payload bytes and a newline",
+    )
+    consume.add_argument(
+        "--print",
+        dest="template",
+        type=messages.check_template,
+        metavar="TEMPLATE",
+        help="print each message with this template instead, e.g. '{offset} {key} {payload}' "
+        "(fields: " + ", ".join(messages.FIELDS) + "; \\t and \\n are a tab and a newline)",
+    )
     consume.add_argument(
         "--max-batch", type=positive, default=1000, help="most messages per delivered batch"
     )
@@ -276,6 +341,9 @@ def run(coro: Coroutine[Any, Any, None]) -> int:
         asyncio.run(coro)
     except KeyboardInterrupt:
         return 130
+    except messages.BadInputError as exc:
+        print(f"danube-ingest: error: {exc}", file=sys.stderr)
+        return 2
     except grpc.aio.AioRpcError as exc:
         print(f"danube-ingest: error: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
@@ -319,17 +387,18 @@ class Tally:
         raise self.first_error
 
 
-async def _produce_ingest(args: argparse.Namespace) -> None:
+async def _produce_ingest(args: argparse.Namespace, records: list[messages.Record]) -> None:
     tls = tls_options(args)
     await check_reachable(args.service_url, args.connect_timeout, tls)
     topics = [partition_name(args.topic, i) for i in range(args.partitions)] or [args.topic]
+    largest = max((len(record.payload) for record in records), default=0)
     producers = [
         Producer(
             args.service_url,
             topic,
             producer_name=args.producer_name,
             max_batch_messages=args.batch,
-            max_batch_bytes=max(1 << 20, args.batch * len(_payload(args))),
+            max_batch_bytes=max(1 << 20, args.batch * largest),
             max_in_flight=args.in_flight,
             linger_ms=args.linger_ms,
             compression=args.compression,
@@ -338,19 +407,20 @@ async def _produce_ingest(args: argparse.Namespace) -> None:
         )
         for topic in topics
     ]
-    payload = _payload(args)
-    keyed = None if args.key is None else zlib.crc32(args.key.encode()) % len(topics)
     interval = 1.0 / args.rate if args.rate > 0 else 0.0
     next_at = time.monotonic()
     for producer in producers:
         await producer.start()
     try:
-        with ProgressLine("sent", args.count) as progress:
+        with ProgressLine("sent", len(records)) as progress:
             tally = Tally(progress)
-            for i in range(args.count):
-                producer = producers[i % len(topics) if keyed is None else keyed]
+            for i, record in enumerate(records):
+                if record.key is None:
+                    producer = producers[i % len(topics)]
+                else:
+                    producer = producers[zlib.crc32(record.key.encode()) % len(topics)]
                 future = await producer.send(
-                    payload, routing_key=args.key, attributes={"seq": str(i)}
+                    record.payload, routing_key=record.key, attributes=record.attributes or None
                 )
                 future.add_done_callback(tally.answered)
                 if interval:
@@ -366,8 +436,23 @@ async def _produce_ingest(args: argparse.Namespace) -> None:
     tally.raise_refusals(args.topic)
 
 
-def _payload(args: argparse.Namespace) -> bytes:
-    return b"x" * args.size if args.size else str(args.message).encode()
+def produce_records(args: argparse.Namespace) -> list[messages.Record]:
+    """The messages ``produce`` sends: stdin's lines (``--stdin``), else ``--count`` copies of
+    ``--message`` (or ``--size`` bytes) with a ``seq`` attribute; each with ``--key`` and the
+    ``--attribute`` pairs. ``BadInputError`` (nothing sent) for a malformed line."""
+    attributes = dict(args.attribute)
+    if args.stdin:
+        return messages.read_records(
+            sys.stdin.buffer.read(),
+            key_separator=args.key_separator,
+            key=args.key,
+            attributes=attributes,
+            limit=args.count if getattr(args, "count_given", False) else 0,
+        )
+    payload = b"x" * args.size if args.size else str(args.message).encode()
+    return [
+        messages.Record(payload, args.key, {"seq": str(i), **attributes}) for i in range(args.count)
+    ]
 
 
 def consumer_start(
@@ -421,10 +506,11 @@ async def _consume_ingest(args: argparse.Namespace) -> None:
                 if args.count:
                     entries = entries[: args.count - progress.done]
                 if not args.quiet:
-                    sys.stdout.write(
-                        "".join(
-                            f"{batch.topic}@{entry.offset} [{entry.producer_name}] "
-                            f"{entry.payload.decode('utf-8', 'replace')}\n"
+                    sys.stdout.buffer.write(
+                        b"".join(
+                            messages.render(
+                                _message(batch.topic, entry), args.output, args.template
+                            )
                             for entry in entries
                         )
                     )
@@ -439,17 +525,49 @@ async def _consume_ingest(args: argparse.Namespace) -> None:
             await consumer.close()
 
 
+def _message(topic: str, entry: Entry) -> messages.Message:
+    return messages.Message(
+        topic=topic,
+        offset=entry.offset,
+        payload=entry.payload,
+        producer=entry.producer_name,
+        key=entry.routing_key,
+        attributes=entry.attributes,
+        publish_ms=entry.publish_ms,
+        ingest_ms=entry.ingest_ms,
+        schema_id=entry.schema_id,
+        schema_version=entry.schema_version or None,
+    )
+
+
 def _produce(args: argparse.Namespace) -> int:
-    if args.client == "danube":
-        return run(_with_check(args, danube_client.produce(args)))
-    if args.non_reliable:
-        print(
-            "danube-ingest: error: --non-reliable needs --client danube (the batch path "
-            "creates topics reliable)",
-            file=sys.stderr,
-        )
+    problem = _produce_usage(args)
+    if problem is not None:
+        print(f"danube-ingest: error: {problem}", file=sys.stderr)
         return 2
-    return run(_produce_ingest(args))
+    try:
+        records = produce_records(args)
+    except messages.BadInputError as exc:
+        print(f"danube-ingest: error: {exc}", file=sys.stderr)
+        return 2
+    if args.client == "danube":
+        return run(_with_check(args, danube_client.produce(args, records)))
+    return run(_produce_ingest(args, records))
+
+
+def _produce_usage(args: argparse.Namespace) -> str | None:
+    """Why the options of ``produce`` do not go together, None if they do."""
+    if args.client != "danube" and args.non_reliable:
+        return "--non-reliable needs --client danube (the batch path creates topics reliable)"
+    if args.client != "danube" and args.schema_subject:
+        return "--schema-subject needs --client danube (the batch path does not carry schema ids)"
+    if args.key_separator is not None and not args.stdin:
+        return "--key-separator applies to --stdin lines: add --stdin"
+    if args.key_separator == "":
+        return "--key-separator must not be empty"
+    if args.stdin and (args.size or args.message != MESSAGE):
+        return "--stdin sends stdin's lines: drop --message/--size"
+    return None
 
 
 def _consume(args: argparse.Namespace) -> int:

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
+import json
+import sys
 import time
+from typing import Any
 
+import fastavro
 import grpc
 from danube import (
     ConsumerOptions,
@@ -18,8 +23,11 @@ from danube import (
 )
 from danube.proto import DanubeApi_pb2 as pb
 from danube.proto import DanubeApi_pb2_grpc as pb_grpc
+from danube.proto import SchemaRegistry_pb2 as schema_pb
+from danube.proto import SchemaRegistry_pb2_grpc as schema_grpc
 
 from danube_ingest.broker.start import LATEST, METADATA_KEY, StartPosition
+from danube_ingest.cli.messages import BadInputError, Message, Record, render
 from danube_ingest.cli.progress import ProgressLine
 from danube_ingest.cli.tls_args import danube_builder, tls_options
 from danube_ingest.cli.token import token_of
@@ -43,8 +51,12 @@ async def _client(args: argparse.Namespace) -> DanubeClient:
     return await builder.build()
 
 
-async def produce(args: argparse.Namespace) -> None:
-    """Send ``args.count`` messages one by one, each awaited (stored once it returns)."""
+async def produce(args: argparse.Namespace, records: list[Record]) -> None:
+    """Send ``records`` one by one, each awaited (stored once it returns). With
+    ``--schema-subject`` the producer names the subject (the broker binds a topic without one
+    to it) and stamps each message with its latest version; an Avro subject's records are JSON
+    text, encoded to Avro first (all of them, before the first is sent: ``BadInputError`` if
+    one does not fit)."""
     client = await _client(args)
     builder = (
         client.new_producer()
@@ -55,21 +67,22 @@ async def produce(args: argparse.Namespace) -> None:
         )
         .with_options(ProducerOptions())
     )
+    if args.schema_subject:
+        records = await _encoded(args, records)
+        builder = builder.with_schema_subject(args.schema_subject)
     if args.partitions:
         builder = builder.with_partitions(args.partitions)
     producer = builder.build()
     await producer.create()
-    payload = b"x" * args.size if args.size else args.message.encode()
     interval = 1.0 / args.rate if args.rate > 0 else 0.0
     next_at = time.monotonic()
     try:
-        with ProgressLine("sent", args.count) as progress:
-            for i in range(args.count):
-                attributes = {"seq": str(i)}
-                if args.key is not None:
-                    await producer.send_with_key(payload, attributes, args.key)
+        with ProgressLine("sent", len(records)) as progress:
+            for record in records:
+                if record.key is not None:
+                    await producer.send_with_key(record.payload, record.attributes, record.key)
                 else:
-                    await producer.send(payload, attributes)
+                    await producer.send(record.payload, record.attributes)
                 progress.step()
                 if interval:
                     next_at += interval
@@ -78,6 +91,42 @@ async def produce(args: argparse.Namespace) -> None:
                         await asyncio.sleep(delay)
     finally:
         await producer.close()
+
+
+async def _encoded(args: argparse.Namespace, records: list[Record]) -> list[Record]:
+    """``records`` as the ``--schema-subject``'s latest version wants them on the wire: Avro
+    subjects' JSON lines Avro-encoded, other types unchanged."""
+    tls = tls_options(args)
+    async with open_channel(args.service_url, tls) as channel:
+        stub = schema_grpc.SchemaRegistryStub(channel)
+        try:
+            latest = await stub.GetLatestSchema(
+                schema_pb.GetLatestSchemaRequest(subject=args.schema_subject),
+                metadata=call_metadata(token_of(args)),
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise BadInputError(
+                    f"--schema-subject {args.schema_subject!r}: no such subject; register it "
+                    "first (danube-ingest schemas register)"
+                ) from None
+            raise
+    if latest.schema_type != "avro":
+        return records
+    schema = fastavro.parse_schema(json.loads(latest.schema_definition))
+    encoded = []
+    for number, record in enumerate(records, start=1):
+        try:
+            datum = json.loads(record.payload)
+            out = io.BytesIO()
+            fastavro.schemaless_writer(out, schema, datum)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise BadInputError(
+                f"message {number}: not a JSON record of Avro subject {args.schema_subject!r} "
+                f"version {latest.version}: {exc} (nothing was sent)"
+            ) from None
+        encoded.append(Record(out.getvalue(), record.key, record.attributes))
+    return encoded
 
 
 async def consume(args: argparse.Namespace) -> None:
@@ -102,16 +151,27 @@ async def consume(args: argparse.Namespace) -> None:
             while not args.count or progress.done < args.count:
                 message = await queue.get()
                 if not args.quiet:
-                    text = message.payload.decode("utf-8", "replace")
-                    print(
-                        f"{message.msg_id.topic_name}@{message.msg_id.topic_offset} "
-                        f"[{message.producer_name}] {text}",
-                        flush=True,
-                    )
+                    sys.stdout.buffer.write(render(_message(message), args.output, args.template))
+                    sys.stdout.flush()
                 await consumer.ack(message)
                 progress.step()
     finally:
         await consumer.close()
+
+
+def _message(message: Any) -> Message:
+    """A danube-client ``StreamMessage`` as the CLI prints it (it carries no ingest time)."""
+    return Message(
+        topic=message.msg_id.topic_name,
+        offset=message.msg_id.topic_offset,
+        payload=message.payload,
+        producer=message.producer_name,
+        key=message.routing_key or None,
+        attributes=dict(message.attributes or {}),
+        publish_ms=message.publish_time,
+        schema_id=message.schema_id or None,
+        schema_version=message.schema_version or None,
+    )
 
 
 async def _create_subscription(args: argparse.Namespace, start: StartPosition) -> None:

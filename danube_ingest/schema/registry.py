@@ -30,7 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from danube_ingest.schema.compatibility import compatibility_errors
 from danube_ingest.schema.errors import (
@@ -133,6 +133,12 @@ class SchemaRegistry:
     async def get_version(self, subject: str, version: int) -> SchemaVersion:
         """Version ``version`` of ``subject``."""
         return await self._version(subject, version)
+
+    async def list_subjects(self) -> list[str]:
+        """Every subject that was ever registered, in name order (a subject whose versions were
+        all deleted is listed, with no versions)."""
+        found = await self._store.list_prefix("subjects/")
+        return sorted(unquote(key.removeprefix("subjects/")) for key, _ in found)
 
     async def list_versions(self, subject: str) -> list[SchemaVersionInfo]:
         """The live versions of ``subject``, oldest first."""

@@ -49,7 +49,8 @@ async def test_topics_subscriptions_and_status(
         deadline = asyncio.get_running_loop().time() + 10
         while True:
             out = await run_cli(capsys, "subscriptions", "--topic", T, *etcd)
-            if any(row.split() == ["s1", "Exclusive", "5"] for row in out.splitlines()):
+            # topic, subscription, type, cursor, lag (the owner's, from its /metrics)
+            if any(row.split() == [T, "s1", "Exclusive", "5", "0"] for row in out.splitlines()):
                 break
             assert asyncio.get_running_loop().time() < deadline, out
             await asyncio.sleep(0.2)

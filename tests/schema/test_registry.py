@@ -112,6 +112,15 @@ async def test_list_versions_describes_each_version(registry: SchemaRegistry) ->
     assert infos[0].created_by == "x" and infos[0].fingerprint != infos[1].fingerprint
 
 
+async def test_list_subjects_names_every_subject_in_order(registry: SchemaRegistry) -> None:
+    assert await registry.list_subjects() == []
+    await registry.register("users", "avro", avro_record(NAME))
+    await registry.register("a/b c", "avro", avro_record(NAME))  # names are percent-encoded
+    await registry.register("orders", "avro", avro_record(NAME))
+    await registry.delete_version("orders", 1)
+    assert await registry.list_subjects() == ["a/b c", "orders", "users"]
+
+
 async def test_incompatible_version_is_rejected_and_not_stored(registry: SchemaRegistry) -> None:
     await registry.register("users", "avro", avro_record(NAME))
     with pytest.raises(IncompatibleSchemaError) as caught:
