@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from danube_ingest.analytics.layout import partition_end
 from danube_ingest.analytics.renditions import hold, read_rendition
 from danube_ingest.cli import main
 from danube_ingest.metadata import EtcdKV, Keys
+from danube_ingest.metadata.records import Records, TopicRecord
 from tests.analytics.daemon_support import (
     AVRO,
     JSON_T,
@@ -235,3 +237,74 @@ def test_lifecycle_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         main(["tables", "collect", "--help"])
     assert "(default: 3600" in capsys.readouterr().out
+
+
+def _keys_under(etcd_server: str, keys: Keys) -> list[str]:
+    async def run() -> list[str]:
+        kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+        try:
+            return [e.key for e in await kv.get_prefix(f"{keys.prefix}/")]
+        finally:
+            await kv.close()
+
+    return asyncio.run(run())
+
+
+def _create_topic(etcd_server: str, keys: Keys, topic: str, *, reliable: bool) -> None:
+    async def run() -> None:
+        kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+        try:
+            await Records(kv, keys).create_topic_if_absent(TopicRecord(topic, reliable=reliable))
+        finally:
+            await kv.close()
+
+    asyncio.run(run())
+
+
+def test_convert_refuses_a_missing_topic_unless_asked_for_a_future_one(
+    etcd_server: str, keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["--etcd", etcd_server, "--prefix", keys.prefix, "--data-dir", str(tmp_path)]
+    _create_topic(etcd_server, keys, "/default/orders", reliable=True)
+    before = _keys_under(etcd_server, keys)
+
+    code = main(["tables", "convert", "--topic", "/default/ordrs", "--wait", "30", *common])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "topic /default/ordrs does not exist" in err and "--create-for-future-topic" in err
+    assert _keys_under(etcd_server, keys) == before  # nothing written
+
+    future = ["--topic", "/default/later", "--create-for-future-topic", *common]
+    assert main(["tables", "convert", *future]) == 0
+    assert f"{keys.prefix}/tables/default/later/table" in _keys_under(etcd_server, keys)
+
+
+def test_convert_refuses_a_non_reliable_topic_at_once(
+    etcd_server: str, keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["--etcd", etcd_server, "--prefix", keys.prefix, "--data-dir", str(tmp_path)]
+    _create_topic(etcd_server, keys, "/default/live", reliable=False)
+    before = _keys_under(etcd_server, keys)
+
+    started = time.monotonic()
+    code = main(["tables", "convert", "--topic", "/default/live", "--wait", "30", *common])
+    assert time.monotonic() - started < 10  # not the whole --wait
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "topic /default/live is non-reliable" in err and "never stored" in err
+    assert _keys_under(etcd_server, keys) == before
+
+
+def test_convert_wait_shows_progress(
+    etcd_server: str, keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No daemon moves the clock: the wait runs out, telling where it is every 2 s."""
+    common = ["--etcd", etcd_server, "--prefix", keys.prefix, "--data-dir", str(tmp_path)]
+    _create_topic(etcd_server, keys, "/default/quiet", reliable=True)
+    code = main(["tables", "convert", "--topic", "/default/quiet", "--wait", "3", *common])
+    err = capsys.readouterr().err
+    assert code == 1
+    waiting = [line for line in err.splitlines() if line.startswith("waiting for /default/quiet")]
+    assert len(waiting) == 2  # at 0 s and 2 s
+    assert "to be complete up to " in waiting[0] and "no clock yet, waited 0 s of 3 s" in waiting[0]
+    assert "not complete up to" in err.splitlines()[-1]
