@@ -48,8 +48,10 @@ def driver_settings(given: Mapping[str, str]) -> dict[str, str]:
 
     if os.environ.get("SPARK_LOCAL_IP"):
         return {}
-    # The gateway's system properties carry spark-defaults.conf and spark-submit's --conf.
-    SparkContext._ensure_initialized()
+    # Launched with ``given`` (as getOrCreate would launch it, so settings read only when the
+    # JVM starts, like spark.driver.memory, still apply); its system properties carry
+    # spark-defaults.conf and spark-submit's --conf.
+    SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False).setAll(list(given.items())))
     launched = SparkConf()
 
     def setting(key: str) -> str | None:
