@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Coroutine
@@ -45,6 +44,7 @@ from danube_ingest.analytics.convert import StoreSpec, convert
 from danube_ingest.analytics.layout import partition_end
 from danube_ingest.analytics.parquet import write_partition
 from danube_ingest.analytics.plan import read_plan_input
+from danube_ingest.analytics.session import spark_session
 from danube_ingest.analytics.source import aread_part, plan_reads
 from danube_ingest.metadata import Keys, MemoryKV
 from danube_ingest.metadata.clock import TopicClock
@@ -243,20 +243,14 @@ def timed(job: Coroutine[Any, Any, int]) -> tuple[float, float, int]:
 
 
 def main() -> None:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     with bench_dir("spark-convert") as base, PeakRss() as rss:
         objects_root = base / "objects"
         say(f"building {PARTITIONS} objects of {ROWS} entries ...")
         ranges, in_bytes = build_objects(objects_root)
         objects = ObjectStore("fs", options={"root": str(objects_root)})
         say("starting Spark local[2] (not timed) ...")
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("bench-spark-convert")
-            .config("spark.ui.enabled", "false")
-            .getOrCreate()
+        spark = spark_session(
+            "bench-spark-convert", master="local[2]", config={"spark.ui.enabled": "false"}
         )
         spark.sparkContext.setLogLevel("ERROR")
         rss_after_start = tree_rss()

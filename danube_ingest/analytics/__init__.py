@@ -8,6 +8,8 @@ turns entries into record batches (decoding Avro and JSON Schema payloads);
 :mod:`~danube_ingest.analytics.source` plans and reads a topic's objects without Spark;
 :func:`convert` runs a conversion into committed Parquet (its Spark engine imports pyspark only
 when used) and :func:`read_topic` gives analysts the committed partitions as a DataFrame;
+:func:`spark_session` builds a SparkSession as the project does (workers on this interpreter,
+a local driver on loopback; pyspark imported when called);
 ``danube_ingest.analytics.spark_source`` (imported on its own: it needs pyspark) is the Spark
 data source ``"danube"``.
 """
@@ -23,6 +25,7 @@ from danube_ingest.analytics.convert import (
 )
 from danube_ingest.analytics.decode import SchemaDecoder, entries_to_batch, load_decoder
 from danube_ingest.analytics.read import TopicRead, open_topic, read_topic
+from danube_ingest.analytics.session import spark_session
 from danube_ingest.analytics.source import (
     MAX_ROWS,
     ReadPart,
@@ -51,5 +54,6 @@ __all__ = [
     "plan_reads",
     "read_part",
     "read_topic",
+    "spark_session",
     "table_schema",
 ]

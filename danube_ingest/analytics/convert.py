@@ -252,9 +252,9 @@ def _run_on_spark(
 ) -> list[_Staged]:
     """Stage ``tasks`` as Spark tasks, one per partition; blocks until all are done."""
     if spark is None:
-        from pyspark.sql import SparkSession
+        from danube_ingest.analytics.session import spark_session
 
-        spark = SparkSession.builder.getOrCreate()
+        spark = spark_session()
     context = spark.sparkContext
     context.setJobDescription(f"danube-ingest convert {tasks[0].topic} ({len(tasks)} partitions)")
     items = [(task, objects, warehouse) for task in tasks]

@@ -15,7 +15,8 @@ Where things are, from the environment (as the daemon's CLI reads them):
   the config's ``etcd.endpoints`` and ``etcd.prefix``.
 
 Credentials are never passed to Spark tasks: executors read them from their environment.
-``PYSPARK_PYTHON`` is set to this interpreter when unset, so workers import ``danube_ingest``.
+``PYSPARK_PYTHON`` is set to this interpreter when unset, so workers import ``danube_ingest``;
+in local mode the driver stays on 127.0.0.1 unless configured (``analytics.session``).
 
 Output: launched by Dagster Pipes (its environment variables present), the job logs one line
 per partition, reports each partition as a custom message (``result_json``'s partition
@@ -50,6 +51,7 @@ from danube_ingest.analytics.convert import (
 )
 from danube_ingest.analytics.layout import DEFAULT_ROOT, DEFAULT_WIDTH_S
 from danube_ingest.analytics.preflight import preflight
+from danube_ingest.analytics.session import spark_session
 from danube_ingest.config import load_config
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.errors import ConfigError, DanubeIngestError
@@ -109,9 +111,7 @@ def _config() -> BrokerConfig:
 
 
 def _session() -> SparkSession:
-    from pyspark.sql import SparkSession
-
-    return SparkSession.builder.appName("danube-ingest-convert").getOrCreate()
+    return spark_session("danube-ingest-convert")
 
 
 async def _run(args: argparse.Namespace, config: BrokerConfig) -> ConvertResult:

@@ -15,10 +15,13 @@ Paths, below a warehouse ``root`` (``"warehouse/"`` by default; empty or ending 
 ``minute=`` appears only in tables narrower than an hour. ``first``/``last`` are the inclusive
 offset range of the file's rows, so a rerun writes the same names; an empty partition has no
 file. Spark's partition discovery skips directories starting with ``_``, so a plain
-``spark.read.parquet(f"{root}{rendition}")`` never sees staged files, and prunes on
-``namespace``/``topic``/``date``/``hour``. Namespace and topic values are escaped the way Hive
-and Spark escape partition values (``%XX`` for ``=``, ``%``, ``:``, ...), so Spark reads back
-the exact names. Renditions are ``r1``, ``r2``, ...
+``spark.read.parquet`` of a topic's directory (``topic_prefix``) never sees staged files, and
+prunes on ``date``/``hour``. Namespace and topic values are escaped the way Hive and Spark
+escape partition values (``%XX`` for ``=``, ``%``, ``:``, ...), so Spark reads back the exact
+names. Renditions are ``r1``, ``r2``, ..., numbered per table: a rendition directory holds the
+topics whose table has that number, not every topic, and the root mixes renditions, so only a
+topic's directory in its table's active rendition (``danube-ingest tables path``) is one
+topic's whole table.
 """
 
 from __future__ import annotations

@@ -15,7 +15,10 @@ credentials come from the environment of the driver and executors (``AWS_ACCESS_
 read by opendal), never from options: an option whose name looks like a credential is refused.
 
 Executors must import this module (classes are pickled by reference) and run the interpreter
-that has pyarrow and opendal: set ``PYSPARK_PYTHON`` to it.
+that has pyarrow and opendal: build the session with ``analytics.spark_session`` (it sets
+``PYSPARK_PYTHON`` to this interpreter) or set ``PYSPARK_PYTHON`` before Spark starts. In local
+mode :func:`register` checks that Spark's workers can import them and raises ``ConfigError`` at
+once if not (otherwise the first read would fail in a worker, a minute later).
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -291,6 +297,35 @@ def _time(opts: dict[str, str], name: str) -> int | None:
     return (parsed - _EPOCH) // dt.timedelta(milliseconds=1)
 
 
+#: What Spark's Python workers import to run this source.
+WORKER_IMPORTS = "import danube_ingest.analytics.source, pyarrow, opendal"
+
+
 def register(spark: SparkSession) -> None:
-    """Register :class:`DanubeDataSource` with ``spark`` under the name ``"danube"``."""
+    """Register :class:`DanubeDataSource` with ``spark`` under the name ``"danube"``.
+
+    In local mode, ``ConfigError`` (naming the interpreter and what to set) if the interpreter
+    Spark runs its Python workers with cannot import ``danube_ingest``, pyarrow and opendal."""
+    context = spark.sparkContext
+    if (context.master or "").startswith("local"):
+        _check_workers(context.pythonExec)
     spark.dataSource.register(DanubeDataSource)
+
+
+def _check_workers(python: str) -> None:
+    """``ConfigError`` unless ``python`` (Spark's worker interpreter) has what tasks import."""
+    found = shutil.which(python)
+    if found is not None and os.path.abspath(found) == os.path.abspath(sys.executable):
+        return
+    if found is not None:
+        probe = subprocess.run(
+            [found, "-c", WORKER_IMPORTS], capture_output=True, text=True, timeout=120
+        )
+        if probe.returncode == 0:
+            return
+    raise ConfigError(
+        f"danube data source: Spark runs its Python workers with {python!r} "
+        f"(PYSPARK_PYTHON={os.environ.get('PYSPARK_PYTHON', 'unset')}), which cannot import "
+        f"danube_ingest, pyarrow and opendal; set PYSPARK_PYTHON={sys.executable} before the "
+        "SparkSession is created, or create it with danube_ingest.analytics.spark_session()"
+    )

@@ -10,6 +10,12 @@
   conversion fails (the error names the partition, and the object key and byte position when
   an object is bad; earlier partitions stay committed). With ``--rendition rN`` it converts
   into that rendition instead of the active one, in as many runs as it takes to catch up.
+  Exit 2, writing nothing, for a topic that does not exist (unless
+  ``--create-for-future-topic``) or is non-reliable (its messages are never stored).
+  ``--wait`` shows its progress on stderr.
+* ``tables path --topic T`` prints where the table's active rendition keeps that topic's files
+  (a directory for fs, an ``s3://``/``gs://`` URL otherwise): the one path that holds exactly
+  that topic's table (rendition numbers are per table, so ``warehouse/r1`` mixes topics).
 * ``tables rendition --topic T`` creates the next rendition (``building``) and prints its name;
   ``tables activate --topic T --rendition rN`` hands readers over to it (exit 1, naming the
   frontiers, while it is behind the table's ``upper``); ``tables collect [--topic T]
@@ -21,11 +27,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from danube_ingest.analytics.convert import PartitionResult, StoreSpec, convert
 from danube_ingest.analytics.errors import AnalyticsError, RenditionError
@@ -34,6 +40,7 @@ from danube_ingest.analytics.layout import (
     DEFAULT_WIDTH_S,
     partition_end,
     partition_start,
+    topic_prefix,
 )
 from danube_ingest.analytics.lifecycle import COLLECT_GRACE_S, collect, new_rendition
 from danube_ingest.analytics.plan import read_plan_input
@@ -45,15 +52,20 @@ from danube_ingest.analytics.records import (
     TableRecord,
 )
 from danube_ingest.analytics.renditions import activate, read_table
+from danube_ingest.analytics.session import spark_session
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
+from danube_ingest.cli.progress import PLAIN_INTERVAL_S
 from danube_ingest.config import load_config
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.etcd_security import EtcdSecurity
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import Get
-from danube_ingest.metadata.records import Records
+from danube_ingest.metadata.records import Records, TopicRecord
 from danube_ingest.objects.store import ObjectStore
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -113,7 +125,18 @@ def register(commands: Any) -> None:
         help="convert into this rendition (e.g. one made by 'tables rendition') instead of the "
         "active one, catching up every complete partition it has not committed",
     )
+    cmd.add_argument(
+        "--create-for-future-topic",
+        action="store_true",
+        help="create the table even though the topic does not exist yet (without it, a topic "
+        "that does not exist is refused with exit 2, so a typo creates nothing)",
+    )
     cmd.set_defaults(handler=_convert)
+    text = "print where the active rendition keeps a topic's Parquet files (for spark.read)"
+    cmd = sub.add_parser("path", help=text, description=text, formatter_class=DefaultsHelpFormatter)
+    _common(cmd)
+    cmd.add_argument("--topic", required=True, help="the topic, /namespace/topic")
+    cmd.set_defaults(handler=_path)
     text = "create the next rendition of a topic's table (current converter and decode schema)"
     cmd = sub.add_parser(
         "rendition", help=text, description=text, formatter_class=DefaultsHelpFormatter
@@ -242,25 +265,67 @@ async def _show(kv: EtcdKV, keys: Keys, topic: str, *, always: bool) -> int:
 
 async def _wait_complete(kv: EtcdKV, keys: Keys, topic: str, width_s: int, seconds: float) -> bool:
     """Wait until the topic clock passes the end of the partition holding now (the table's
-    width, else ``width_s``); False (and a message) if it does not within ``seconds``."""
+    width, else ``width_s``); False (and a message) if it does not within ``seconds``.
+
+    Progress goes to stderr as ``produce``'s does: one redrawn line on a terminal, else a line
+    every ``PLAIN_INTERVAL_S`` seconds."""
     table = await read_table(kv, keys, topic)
     width = width_s if table is None else table.width_s
     now_ms = time.time_ns() // 1_000_000
     target = partition_end(partition_start(now_ms, width), width)
-    deadline = time.monotonic() + seconds
+    tty = sys.stderr.isatty()
+    started = time.monotonic()
+    deadline = started + seconds
+    shown = float("-inf")
     while True:
         clock = (await read_plan_input(kv, keys, topic)).clock
+        at = "no clock yet" if clock is None else f"its clock is at {_iso(clock.ingest_ms)}"
+        now = time.monotonic()
         if clock is not None and clock.ingest_ms >= target:
+            print(
+                ("\r" if tty else "")
+                + f"{topic} is complete up to {_iso(target)} (waited {now - started:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
             return True
-        if time.monotonic() >= deadline:
-            at = "no clock yet" if clock is None else f"its clock is at {_iso(clock.ingest_ms)}"
+        if now >= deadline:
+            if tty:
+                print(file=sys.stderr)
             print(
                 f"danube-ingest: {topic} is not complete up to {_iso(target)} after {seconds} s "
                 f"({at}); is the daemon running and the topic owned?",
                 file=sys.stderr,
             )
             return False
+        if tty or now - shown >= PLAIN_INTERVAL_S:
+            shown = now
+            line = (
+                f"waiting for {topic} to be complete up to {_iso(target)}: {at}, "
+                f"waited {now - started:.0f} s of {seconds:g} s"
+            )
+            print(
+                f"\r{line}" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True
+            )
         await asyncio.sleep(1.0)
+
+
+def _refusal(topic: str, record: TopicRecord | None, keys: Keys, future: bool) -> str | None:
+    """Why ``tables convert`` must not touch ``topic`` (its record ``record``), or None."""
+    if record is None and not future:
+        return (
+            f"topic {topic} does not exist (no topic record under etcd prefix {keys.prefix}); "
+            "nothing was written. Check the name ('danube-ingest topics' lists them), or pass "
+            "--create-for-future-topic to create its table before the topic exists"
+        )
+    if record is not None and not record.reliable:
+        return (
+            f"topic {topic} is non-reliable: its messages are delivered from memory and never "
+            "stored (no WAL, no objects), so it has no table; nothing was written. Produce to "
+            "a reliable topic instead ('danube-ingest produce' creates reliable topics; a "
+            "danube-client producer needs DispatchStrategy.RELIABLE)"
+        )
+    return None
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -269,21 +334,38 @@ def _convert(args: argparse.Namespace) -> int:
 
 async def _convert_async(args: argparse.Namespace) -> int:
     config, endpoints, keys = _config(args)
-    spec = spark = None
-    if args.engine == "spark":
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        from pyspark.sql import SparkSession
-
-        spec = StoreSpec.from_config(config)
-        spark = SparkSession.builder.appName("danube-ingest-tables-convert").getOrCreate()
-    objects = ObjectStore.from_config(config)
     kv = await _connect(config, endpoints)
     try:
-        if args.wait > 0 and not await _wait_complete(
-            kv, keys, args.topic, args.width_s, args.wait
-        ):
-            return 1
-        converted: list[PartitionResult] = []
+        record = await Records(kv, keys).get_topic(args.topic)
+        refusal = _refusal(args.topic, record, keys, args.create_for_future_topic)
+        if refusal is not None:
+            print(f"danube-ingest: {refusal}", file=sys.stderr)
+            return 2
+        spec = spark = None
+        if args.engine == "spark":
+            spec = StoreSpec.from_config(config)
+            spark = spark_session("danube-ingest-tables-convert")
+        objects = ObjectStore.from_config(config)
+        try:
+            return await _convert_topic(args, kv, keys, objects, spark, spec)
+        finally:
+            await objects.close()
+    finally:
+        await kv.close()
+
+
+async def _convert_topic(
+    args: argparse.Namespace,
+    kv: EtcdKV,
+    keys: Keys,
+    objects: ObjectStore,
+    spark: SparkSession | None,
+    spec: StoreSpec | None,
+) -> int:
+    if args.wait > 0 and not await _wait_complete(kv, keys, args.topic, args.width_s, args.wait):
+        return 1
+    converted: list[PartitionResult] = []
+    try:
         while True:
             result = await convert(
                 kv=kv,
@@ -308,9 +390,6 @@ async def _convert_async(args: argparse.Namespace) -> int:
     except AnalyticsError as exc:
         print(f"danube-ingest: conversion failed: {exc}", file=sys.stderr)
         return 1
-    finally:
-        await kv.close()
-        await objects.close()
     for part in converted:
         offsets = f"{part.first_offset}..{part.last_offset}" if part.rows else "none"
         print(
@@ -321,6 +400,39 @@ async def _convert_async(args: argparse.Namespace) -> int:
         f"topic {result.topic} rendition {result.rendition}: {len(converted)} "
         f"partitions, upper {_iso(result.upper_ms)}, objects {objects.description}"
     )
+    return 0
+
+
+def _location(spec: StoreSpec, key: str) -> str:
+    """Where Spark finds ``key`` of the store ``spec``: a local path for fs, else a URL."""
+    root = spec.options.get("root", "")
+    if spec.scheme == "fs":
+        return str(Path(root) / key) + "/"
+    scheme = {"s3": "s3", "gcs": "gs"}.get(spec.scheme, spec.scheme)
+    prefix = "/".join(p for p in (root.strip("/"), key) if p)
+    return f"{scheme}://{spec.options.get('bucket', '')}/{prefix}"
+
+
+def _path(args: argparse.Namespace) -> int:
+    return asyncio.run(_path_async(args))
+
+
+async def _path_async(args: argparse.Namespace) -> int:
+    config, endpoints, keys = _config(args)
+    kv = await _connect(config, endpoints)
+    try:
+        table = await read_table(kv, keys, args.topic)
+    finally:
+        await kv.close()
+    if table is None or table.active is None:
+        print(
+            f"danube-ingest: topic {args.topic} has no table with an active rendition; "
+            f"create it with: danube-ingest tables convert --topic {args.topic}",
+            file=sys.stderr,
+        )
+        return 1
+    spec = StoreSpec.from_config(config)
+    print(_location(spec, topic_prefix(DEFAULT_ROOT, table.active, args.topic)))
     return 0
 
 

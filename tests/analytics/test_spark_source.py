@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,3 +163,41 @@ def test_time_options_take_iso_or_millis() -> None:
     assert settings.start_ms == 1_795_514_400_000
     assert settings.end_ms == 1_764_000_000_123
     assert DanubeDataSource.name() == "danube"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_register_refuses_workers_that_cannot_import_the_source(tmp_path: Path) -> None:
+    """A session started with PYSPARK_PYTHON naming an interpreter without danube_ingest and
+    pyarrow (here: this one without site-packages) fails at ``register``, saying what to set,
+    instead of in a worker at the first read."""
+    bare = tmp_path / "python"
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    bare.chmod(0o755)
+    child = (
+        "import time\n"
+        "from pyspark.sql import SparkSession\n"
+        "from danube_ingest.analytics.spark_source import register\n"
+        "spark = SparkSession.builder.master('local[1]')"
+        ".config('spark.ui.enabled', 'false').getOrCreate()\n"
+        "started = time.monotonic()\n"
+        "try:\n"
+        "    register(spark)\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+        "    print('seconds', time.monotonic() - started)\n"
+        "spark.stop()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYSPARK_PYTHON": str(bare)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("ConfigError danube data source: Spark runs its Python workers")
+    assert str(bare) in lines[0] and f"set PYSPARK_PYTHON={sys.executable}" in lines[0]
+    assert float(lines[1].split()[1]) < 30

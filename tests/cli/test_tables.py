@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,15 +17,20 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from danube_ingest.analytics.convert import StoreSpec
 from danube_ingest.analytics.layout import partition_end
+from danube_ingest.analytics.read import read_topic
 from danube_ingest.analytics.renditions import hold, read_rendition
+from danube_ingest.analytics.session import spark_session
 from danube_ingest.cli import main
 from danube_ingest.metadata import EtcdKV, Keys
+from danube_ingest.metadata.records import Records, TopicRecord
 from tests.analytics.daemon_support import (
     AVRO,
     JSON_T,
     PAYLOADS,
     PLAIN,
+    TOPICS,
     WIDTH_S,
     Produced,
     clone,
@@ -235,3 +241,126 @@ def test_lifecycle_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         main(["tables", "collect", "--help"])
     assert "(default: 3600" in capsys.readouterr().out
+
+
+def _keys_under(etcd_server: str, keys: Keys) -> list[str]:
+    async def run() -> list[str]:
+        kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+        try:
+            return [e.key for e in await kv.get_prefix(f"{keys.prefix}/")]
+        finally:
+            await kv.close()
+
+    return asyncio.run(run())
+
+
+def _create_topic(etcd_server: str, keys: Keys, topic: str, *, reliable: bool) -> None:
+    async def run() -> None:
+        kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+        try:
+            await Records(kv, keys).create_topic_if_absent(TopicRecord(topic, reliable=reliable))
+        finally:
+            await kv.close()
+
+    asyncio.run(run())
+
+
+def test_convert_refuses_a_missing_topic_unless_asked_for_a_future_one(
+    etcd_server: str, keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["--etcd", etcd_server, "--prefix", keys.prefix, "--data-dir", str(tmp_path)]
+    _create_topic(etcd_server, keys, "/default/orders", reliable=True)
+    before = _keys_under(etcd_server, keys)
+
+    code = main(["tables", "convert", "--topic", "/default/ordrs", "--wait", "30", *common])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "topic /default/ordrs does not exist" in err and "--create-for-future-topic" in err
+    assert _keys_under(etcd_server, keys) == before  # nothing written
+
+    future = ["--topic", "/default/later", "--create-for-future-topic", *common]
+    assert main(["tables", "convert", *future]) == 0
+    assert f"{keys.prefix}/tables/default/later/table" in _keys_under(etcd_server, keys)
+
+
+def test_convert_refuses_a_non_reliable_topic_at_once(
+    etcd_server: str, keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["--etcd", etcd_server, "--prefix", keys.prefix, "--data-dir", str(tmp_path)]
+    _create_topic(etcd_server, keys, "/default/live", reliable=False)
+    before = _keys_under(etcd_server, keys)
+
+    started = time.monotonic()
+    code = main(["tables", "convert", "--topic", "/default/live", "--wait", "30", *common])
+    assert time.monotonic() - started < 10  # not the whole --wait
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "topic /default/live is non-reliable" in err and "never stored" in err
+    assert _keys_under(etcd_server, keys) == before
+
+
+def test_convert_wait_shows_progress(
+    etcd_server: str, keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No daemon moves the clock: the wait runs out, telling where it is every 2 s."""
+    common = ["--etcd", etcd_server, "--prefix", keys.prefix, "--data-dir", str(tmp_path)]
+    _create_topic(etcd_server, keys, "/default/quiet", reliable=True)
+    code = main(["tables", "convert", "--topic", "/default/quiet", "--wait", "3", *common])
+    err = capsys.readouterr().err
+    assert code == 1
+    waiting = [line for line in err.splitlines() if line.startswith("waiting for /default/quiet")]
+    assert len(waiting) == 2  # at 0 s and 2 s
+    assert "to be complete up to " in waiting[0] and "no clock yet, waited 0 s of 3 s" in waiting[0]
+    assert "not complete up to" in err.splitlines()[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_documented_reads_see_every_topic_after_a_rendition_switch(
+    produced: Produced, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Renditions are numbered per table: after a handover on one topic its files are under
+    ``r2`` and the others' under ``r1``, so ``warehouse/r1`` silently lacks it. Both ways the
+    docs read a table (``read_topic``, and ``spark.read.parquet`` of the directory ``tables
+    path`` prints) read every topic whole."""
+    keys = _clone(produced)
+    objects = _own_objects(produced, tmp_path)
+    common = ["--config", str(_config(produced, keys, objects, tmp_path))]
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(["tables", *args, *common])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    for topic in TOPICS:
+        assert run("convert", "--topic", topic, "--width-s", "60")[0] == 0
+    assert run("rendition", "--topic", AVRO)[:2] == (0, "r2\n")
+    assert run("convert", "--topic", AVRO, "--rendition", "r2")[0] == 0
+    assert run("activate", "--topic", AVRO, "--rendition", "r2")[0] == 0
+    assert f"collected {AVRO} rendition r1" in run("collect", "--grace-s", "60")[1]
+    code, _, err = run("path", "--topic", "/default/none")
+    assert code == 1 and "/default/none has no table" in err
+
+    spark = spark_session(
+        "danube-tables-path-test",
+        master="local[2]",
+        config={"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"},
+    )
+    warehouse = StoreSpec("fs", {"root": str(objects)})
+    try:
+        for topic in TOPICS:
+            code, out, err = run("path", "--topic", topic)
+            assert code == 0, err
+            rendition = "r2" if topic == AVRO else "r1"
+            name = topic.rsplit("/", 1)[1]
+            path = out.strip()
+            assert path == f"{objects}/warehouse/{rendition}/namespace=default/topic={name}/"
+            every = list(range(produced.sent[topic]))
+            plain = spark.read.parquet(path)
+            assert sorted(r["offset"] for r in plain.select("offset").collect()) == every
+            with read_topic(
+                spark, topic, endpoints=[produced.endpoint], prefix=keys.prefix, warehouse=warehouse
+            ) as df:
+                assert sorted(r["offset"] for r in df.select("offset").collect()) == every
+    finally:
+        spark.stop()
