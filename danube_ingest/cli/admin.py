@@ -520,10 +520,10 @@ async def _takeovers(kv: KV, keys: Keys, found: Sequence[tuple[Handover, Any]]) 
     if known:
         partly = "" if len(known) == len(estimates) else " of the topics with one"
         about = f"; about {sum(known)} by the recorded durable ends{partly}"
-    print(
-        f"takeovers: {len(pending)} pending, {len(lost)} declared lost "
-        f"(up to {at_most} acknowledged messages lost: the offsets skipped{about})"
-    )
+    summary = f"takeovers: {len(pending)} pending, {len(lost)} declared lost"
+    if lost:
+        summary += f" (up to {at_most} acknowledged messages lost: the offsets skipped{about})"
+    print(summary)
     rows = [
         (
             r.topic,

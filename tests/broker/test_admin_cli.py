@@ -59,6 +59,8 @@ async def test_topics_subscriptions_and_status(
         assert "brokers (1 live):" in out and "broker-1" in out
         assert "topics: 1" in out
         assert "clients: 1 producers, 1 consumers registered" in out
+        # Nothing was lost: no "up to 0 ... lost" bound beside the counts.
+        assert "takeovers: 0 pending, 0 declared lost\n" in out, out
 
 
 async def test_objects_verify_finds_a_damaged_object(
