@@ -404,7 +404,12 @@ class KafkaServer:
                 log.warning("kafka did not stop on SIGTERM pid=%s; killing it", process.pid)
                 process.kill()
                 process.wait()
-            log.info("kafka stopped pid=%s bootstrap=%s", process.pid, self.bootstrap_servers)
+            log.info(
+                "kafka stopped pid=%s bootstrap=%s exit_code=%s",
+                process.pid,
+                self.bootstrap_servers,
+                process.returncode,
+            )
         self._close_log()
 
     def kill(self) -> None:
