@@ -25,9 +25,9 @@ def register(commands: Any) -> None:
         ),
     )
     kafka.add_argument("--data-dir", default="./data/kafka", help="Kafka data directory")
-    kafka.add_argument("--port", type=int, default=9092, help="client port (default 9092)")
+    kafka.add_argument("--port", type=_port, default=9092, help="client port (default 9092)")
     kafka.add_argument(
-        "--controller-port", type=int, help="KRaft controller port (default: --port + 1)"
+        "--controller-port", type=_port, help="KRaft controller port (default: --port + 1)"
     )
     kafka.add_argument(
         "--heap", default=DEFAULT_HEAP, help=f"JVM maximum heap, -Xmx (default {DEFAULT_HEAP})"
@@ -44,6 +44,17 @@ def register(commands: Any) -> None:
         help="seconds to wait for the node to answer before giving up (default 120)",
     )
     kafka.set_defaults(handler=_kafka)
+
+
+def _port(text: str) -> int:
+    """A TCP port number, 1..65535 (argparse reports anything else as a usage error)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return port
 
 
 def _kafka(args: argparse.Namespace) -> int:

@@ -325,14 +325,26 @@ class KafkaServer:
         """Format the storage directory if needed (see :meth:`format_storage`), then start the
         JVM (returns at once; see :meth:`wait_ready`).
 
-        Raises ``KafkaServerError`` if the node is already running, ``JavaMissingError`` or
-        ``KafkaJarsMissingError`` if there is nothing to run it with, ``KafkaPortInUseError``
-        if its client or controller port is taken by another process (Kafka would fail to bind
-        it, and a readiness probe could reach that other process).
+        Raises ``KafkaServerError`` if the node is already running, or its ports are one port or
+        not TCP ports; ``JavaMissingError`` or ``KafkaJarsMissingError`` if there is nothing to
+        run it with; ``KafkaPortInUseError`` if its client or controller port is taken by another
+        process (Kafka would fail to bind it, and a readiness probe could reach that other
+        process). Nothing is written to ``data_dir`` before these checks pass.
         """
         if self.running:
             raise KafkaServerError(
                 f"kafka {self.bootstrap_servers} is already running (pid {self.pid})"
+            )
+        for what, port in (("client", self.port), ("controller", self.controller_port)):
+            if not 1 <= port <= 65535:
+                raise KafkaServerError(
+                    f"kafka cannot start: its {what} port {port} is not a TCP port (1-65535); "
+                    "choose another (`--port`, `--controller-port`)"
+                )
+        if self.port == self.controller_port:
+            raise KafkaServerError(
+                f"kafka cannot start: its client and controller ports are both {self.port}; "
+                "choose two ports (`--port`, `--controller-port`)"
             )
         check_jars(self.jars_dir)
         find_java()
@@ -453,7 +465,6 @@ class KafkaServer:
         return [
             str(find_java()),
             f"-Xmx{self.heap}",
-            "-Xms64m",
             *flags,
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
             f"-Ddanube.kafka.log.level={log_level}",

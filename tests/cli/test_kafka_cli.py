@@ -110,3 +110,29 @@ def test_a_port_in_use_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFi
     assert f"its client port 127.0.0.1:{port} is in use by another process" in error
     assert "choose another port (`--port`" in error
     assert not data_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("ports", "message"),
+    [
+        (["--port", "29500", "--controller-port", "29500"], "ports are both 29500"),
+        (["--port", "65535"], "its controller port 65536 is not a TCP port (1-65535)"),
+    ],
+)
+def test_unusable_ports_are_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ports: list[str], message: str
+) -> None:
+    data_dir = tmp_path / "kafka"
+    assert main(["kafka", "--data-dir", str(data_dir), *ports]) == 2
+    error = capsys.readouterr().err
+    assert message in error and "`--controller-port`" in error
+    assert not data_dir.exists()
+
+
+def test_a_port_that_is_no_port_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["kafka", "--data-dir", str(tmp_path / "kafka"), "--port", "70000"])
+    assert exit_.value.code == 2
+    assert "'70000' is not a TCP port (1-65535)" in capsys.readouterr().err
