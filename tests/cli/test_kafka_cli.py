@@ -3,6 +3,8 @@ refusals (exit 2, nothing written) when it cannot run."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import socket
 import subprocess
@@ -70,6 +72,30 @@ def test_kafka_serves_a_durable_record_and_stops_on_ctrl_c(tmp_path: Path) -> No
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", free))
     assert (data_dir / "kafka-data" / "meta.properties").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+def test_sigterm_while_starting_stops_the_node_with_exit_0(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "danube_ingest.cli", "kafka", "--data-dir", str(tmp_path)]
+    command += ["--port", str(free_port()), "--controller-port", str(free_port())]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        launched = _wait_line(process, "kafka launched", timeout=120)[-1]
+        found = re.search(r"pid=(\d+)", launched)
+        assert found is not None, launched
+        pid = int(found.group(1))
+        process.send_signal(signal.SIGTERM)  # before it answers: the probe gives up at once
+        assert process.wait(60) == 0
+        assert process.stdout is not None
+        rest = process.stdout.read()
+        assert "kafka serving on" not in rest and "kafka stopped" in rest
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the JVM went with it
 
 
 def test_missing_jars_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
