@@ -15,12 +15,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 ## The Kafka jars (`danube-ingest kafka`, the Kafka test fixtures): tools/kafka/pom.xml's
-## dependencies copied by Maven into .deps/kafka, again only when the pom changes.
+## dependencies copied by Maven into .deps/kafka, again only when the pom changes. Maven
+## (Debian's package) is installed with apt-get when missing and we are root.
 KAFKA_JARS := .deps/kafka
 KAFKA_STAMP := $(KAFKA_JARS)/.fetched-stamp
 
 $(KAFKA_STAMP): tools/kafka/pom.xml
-	@command -v mvn >/dev/null || { echo "mvn is needed to fetch the Kafka jars: apt-get install maven" >&2; exit 1; }
+	@command -v mvn >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && apt-get install -y -qq maven >/dev/null; } \
+		|| { echo "mvn is needed to fetch the Kafka jars: apt-get install maven" >&2; exit 1; }
 	rm -rf $(KAFKA_JARS)
 	mvn -q -B -f tools/kafka/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(KAFKA_JARS)
 	touch $(KAFKA_STAMP)
