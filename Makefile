@@ -1,12 +1,12 @@
 # Everything runs from a project-local virtualenv (.venv) that the first target creates and that
-# is reinstalled only when pyproject.toml changes. Python >= 3.11 and Java 17 (for Spark) must
-# be on the machine; everything else comes from PyPI.
+# is reinstalled only when pyproject.toml changes. Python >= 3.11, Java 17 (Spark, Kafka) and
+# Maven must be on the machine; everything else comes from PyPI and Maven Central.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup dev test lint typecheck unit bench clean redis-server libfaketime gcc
+.PHONY: setup kafka-jars dev test lint typecheck unit bench clean redis-server libfaketime gcc
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,23 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+## The Kafka jars (`danube-ingest kafka`, the Kafka test fixtures): tools/kafka/pom.xml's
+## dependencies copied by Maven into .deps/kafka, again only when the pom changes. Maven
+## (Debian's package) is installed with apt-get when missing and we are root.
+KAFKA_JARS := .deps/kafka
+KAFKA_STAMP := $(KAFKA_JARS)/.fetched-stamp
+
+$(KAFKA_STAMP): tools/kafka/pom.xml
+	@command -v mvn >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && apt-get install -y -qq maven >/dev/null; } \
+		|| { echo "mvn is needed to fetch the Kafka jars: apt-get install maven" >&2; exit 1; }
+	rm -rf $(KAFKA_JARS)
+	mvn -q -B -f tools/kafka/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(KAFKA_JARS)
+	touch $(KAFKA_STAMP)
+
+kafka-jars: $(KAFKA_STAMP)
+
+setup: $(STAMP) kafka-jars
 
 ## redis-server (Debian's package): the Redis Streams peer of the benchmarks, and of the
 ## benchmark runner's test. Installed with apt-get when missing and we are root.

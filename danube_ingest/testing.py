@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -29,6 +30,8 @@ import yaml
 
 from danube_ingest.broker.server import Broker
 from danube_ingest.config import BrokerConfig, load_config
+from danube_ingest.kafka.errors import JavaMissingError, KafkaJarsMissingError, KafkaServerError
+from danube_ingest.kafka.server import KafkaServer, KafkaVoter, new_cluster_id, wait_brokers
 from danube_ingest.metadata.errors import EtcdServerError
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.etcd_security import EtcdSecurity
@@ -48,6 +51,8 @@ __all__ = [
     "BrokerProcess",
     "History",
     "LocalEtcd",
+    "LocalKafka",
+    "LocalKafkaCluster",
     "MotoServer",
     "Report",
     "Span",
@@ -650,3 +655,192 @@ class MotoServer(_ServerProcess):
 
     def _log_tail(self) -> str:
         return self.log_text()[-3000:]
+
+
+#: A test node's JVM heap: a few topics of small records; three nodes fit a 2-core CI machine.
+_TEST_KAFKA_HEAP = "256m"
+
+
+def _kafka_start_failed_for_good(exc: KafkaServerError) -> bool:
+    """Whether trying again with fresh ports cannot help (nothing to run Kafka with)."""
+    return isinstance(exc, KafkaJarsMissingError | JavaMissingError)
+
+
+class LocalKafka(_ServerProcess):
+    """A throwaway single-node KRaft Kafka: free loopback ports, a temp data dir, the fast
+    timings of ``danube_ingest.kafka.server.FAST_PROPERTIES``, a 256 MiB heap.
+
+    Use as a context manager or ``start``/``stop``; ``stop`` kills the JVM (the data is thrown
+    away, so a controlled shutdown would only cost time) and deletes the temp dir.
+    ``bootstrap_servers`` is what Kafka clients connect to; ``properties`` are added to the
+    node's ``server.properties``.
+    """
+
+    def __init__(self, *, properties: dict[str, str] | None = None) -> None:
+        self._properties = dict(properties or {})
+        self._temp_dir: Path | None = None
+        self._server: KafkaServer | None = None
+
+    @property
+    def server(self) -> KafkaServer:
+        """The running node (``KafkaServerError`` before ``start``)."""
+        if self._server is None:
+            raise KafkaServerError("LocalKafka is not started")
+        return self._server
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``127.0.0.1:PORT``, the node's client listener."""
+        return self.server.bootstrap_servers
+
+    def start(self, timeout: float = 90.0) -> None:
+        """Format a new temp dir, start the node and block until it answers as a live broker;
+        tries again with fresh ports if a port was taken meanwhile."""
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            self._temp_dir = Path(tempfile.mkdtemp(prefix="danube-kafka-"))
+            port, controller_port = _distinct_free_ports(2)
+            server = KafkaServer(
+                self._temp_dir,
+                port,
+                controller_port,
+                heap=_TEST_KAFKA_HEAP,
+                fast=True,
+                properties=self._properties,
+            )
+            try:
+                server.start()
+                server.wait_ready(timeout)
+            except KafkaServerError as exc:
+                server.kill()
+                self._remove_temp_dir()
+                if attempt == _START_ATTEMPTS or _kafka_start_failed_for_good(exc):
+                    raise
+                continue
+            self._server = server
+            return
+
+    def stop(self) -> None:
+        """Kill the node and delete the temp data dir. Idempotent."""
+        if self._server is not None:
+            self._server.kill()
+            self._server = None
+        self._remove_temp_dir()
+
+
+class LocalKafkaCluster(_ServerProcess):
+    """A throwaway KRaft cluster of ``size`` nodes (3 by default) on loopback, each broker and
+    controller in one JVM, the controller quorum made of all of them; free ports, a temp dir
+    (one sub-directory per node), fast timings, 256 MiB heap per node.
+
+    Node ids are 1..size. ``kill(node_id)`` SIGKILLs one node (a crash) and ``restart(node_id)``
+    brings it back on the same ports and storage. Kafka's internal topics get
+    ``min(3, size)`` replicas and ``min(2, size)`` in-sync replicas. ``stop`` kills every node
+    and deletes the temp dir.
+    """
+
+    def __init__(self, size: int = 3, *, properties: dict[str, str] | None = None) -> None:
+        if size < 1:
+            raise ValueError(f"a Kafka cluster needs at least one node, not {size}")
+        self.size = size
+        self._properties = dict(properties or {})
+        self._temp_dir: Path | None = None
+        self._nodes: dict[int, KafkaServer] = {}
+        self._cluster_id = ""
+
+    @property
+    def nodes(self) -> dict[int, KafkaServer]:
+        """The nodes by node id (``KafkaServerError`` before ``start``)."""
+        if not self._nodes:
+            raise KafkaServerError("LocalKafkaCluster is not started")
+        return dict(self._nodes)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """Every node's client listener, comma-separated."""
+        return ",".join(node.bootstrap_servers for node in self.nodes.values())
+
+    def start(self, timeout: float = 120.0) -> None:
+        """Format every node's storage (in parallel), start every JVM, and block until a
+        metadata request lists all ``size`` brokers as live; tries again with fresh ports if a
+        port was taken meanwhile."""
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            self._temp_dir = Path(tempfile.mkdtemp(prefix="danube-kafka-cluster-"))
+            ports = _distinct_free_ports(2 * self.size)
+            voters = [
+                KafkaVoter(node_id, "127.0.0.1", ports[2 * node_id - 1])
+                for node_id in range(1, self.size + 1)
+            ]
+            self._nodes = {
+                voter.node_id: KafkaServer(
+                    self._temp_dir / f"node-{voter.node_id}",
+                    ports[2 * voter.node_id - 2],
+                    voter.controller_port,
+                    node_id=voter.node_id,
+                    voters=voters,
+                    heap=_TEST_KAFKA_HEAP,
+                    fast=True,
+                    properties=self._properties,
+                )
+                for voter in voters
+            }
+            self._cluster_id = new_cluster_id()
+            try:
+                self._start_all(timeout)
+            except KafkaServerError as exc:
+                self.stop()
+                if attempt == _START_ATTEMPTS or _kafka_start_failed_for_good(exc):
+                    raise
+                continue
+            return
+
+    def _start_all(self, timeout: float) -> None:
+        nodes = list(self._nodes.values())
+        # Each format is a JVM start of its own (~2 s): side by side, not one after another.
+        with ThreadPoolExecutor(len(nodes)) as pool:
+            list(pool.map(lambda node: node.format_storage(self._cluster_id), nodes))
+        for node in nodes:
+            node.start(self._cluster_id)
+        missing = wait_brokers(
+            self.bootstrap_servers, set(self._nodes), timeout, alive=self._check_alive
+        )
+        if missing:
+            raise KafkaServerError(
+                f"kafka cluster {self.bootstrap_servers} not ready after {timeout}s: nodes "
+                f"{sorted(missing)} not live; logs under {self._temp_dir}"
+            )
+
+    def _check_alive(self) -> None:
+        for node_id, node in self._nodes.items():
+            if not node.running:
+                raise KafkaServerError(
+                    f"kafka node {node_id} ({node.bootstrap_servers}) exited while the cluster "
+                    f"started; log {node.log_path}:\n{node.log_tail()}"
+                )
+
+    def kill(self, node_id: int) -> None:
+        """SIGKILL node ``node_id`` (a crash) and wait until its process is gone."""
+        self.nodes[node_id].kill()
+
+    def restart(self, node_id: int, timeout: float = 60.0) -> None:
+        """Start node ``node_id`` again on its ports and storage, and block until it is a live
+        broker again."""
+        node = self.nodes[node_id]
+        node.start(self._cluster_id)
+        node.wait_ready(timeout)
+
+    def stop(self) -> None:
+        """Kill every node and delete the temp dir. Idempotent."""
+        for node in self._nodes.values():
+            node.kill()
+        self._nodes = {}
+        self._remove_temp_dir()
+
+
+def _distinct_free_ports(count: int) -> list[int]:
+    """``count`` different ports, each free a moment ago (see ``free_port``)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports

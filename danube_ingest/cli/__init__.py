@@ -18,6 +18,7 @@ from danube_ingest.cli import (
     broker,
     brokers,
     client,
+    kafka,
     objects,
     retention,
     schemas,
@@ -27,9 +28,9 @@ from danube_ingest.cli import (
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.observability.logs import formatter
 
-_GROUPS = (broker, client, bench, admin, schemas, brokers, wal, objects, retention, tables)
+_GROUPS = (broker, kafka, client, bench, admin, schemas, brokers, wal, objects, retention, tables)
 #: Long-running commands: their log lines are their output, so they log INFO by default.
-_SERVERS = frozenset({"broker", "dev", "etcd"})
+_SERVERS = frozenset({"broker", "dev", "etcd", "kafka"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level",
         help="logging level (DEBUG, INFO, WARNING, ERROR); default: INFO for the long-running "
-        "commands (broker, dev, etcd), WARNING for the others",
+        "commands (broker, dev, etcd, kafka), WARNING for the others",
     )
     parser.add_argument(
         "-v",
