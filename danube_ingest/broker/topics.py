@@ -778,7 +778,10 @@ class TopicManager:
                 f"subscription {subscription} has {attached} consumers "
                 f"(limits.max_consumers_per_subscription)"
             )
-        handle = sub.attach(client_id, consumer_name, list(key_filters), frames=frames)
+        # (Shared and KeyShared give it messages once its stream opens: ``deliveries``.)
+        handle = sub.attach(
+            client_id, consumer_name, list(key_filters), frames=frames, receiving=False
+        )
         if record != existing:
             await self._records.put_client(record)
         self._consumers[client_id] = record
