@@ -31,10 +31,10 @@ from danube_ingest.broker.errors import (
     UnknownClientError,
 )
 from danube_ingest.broker.forward import Forwarder
-from danube_ingest.broker.names import InvalidTopicNameError
+from danube_ingest.broker.names import InvalidTopicNameError, parse_topic
 from danube_ingest.broker.start import from_metadata
 from danube_ingest.broker.topics import TopicManager
-from danube_ingest.broker.validation import subscription_type
+from danube_ingest.broker.validation import check_subscription_name, subscription_type
 from danube_ingest.dispatch import Delivery, SubscriptionBusyError
 from danube_ingest.errors import (
     DanubeIngestError,
@@ -286,6 +286,8 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
         try:
             msg_id = request.msg_id
             topic = msg_id.topic_name
+            parse_topic(topic)
+            check_subscription_name(request.subscription_name, "ack")
             peer, owner = self._settler(context, topic)
             self._manager.ack(topic, request.subscription_name, msg_id.topic_offset, peer, owner)
         except Exception as exc:
@@ -295,6 +297,8 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
 
     async def Nack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            parse_topic(request.msg_id.topic_name)
+            check_subscription_name(request.subscription_name, "nack")
             peer, owner = self._settler(context, request.msg_id.topic_name)
             self._manager.nack(
                 request.msg_id.topic_name,

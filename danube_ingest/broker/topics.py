@@ -55,7 +55,7 @@ from danube_ingest.broker.names import parse_topic, partition_base
 from danube_ingest.broker.producer_handover import adopt_handed_producers, handed_table
 from danube_ingest.broker.start import LATEST, StartPosition
 from danube_ingest.broker.takeover import TakeoverGate
-from danube_ingest.broker.validation import check_message, check_name
+from danube_ingest.broker.validation import check_key_filters, check_message, check_name
 from danube_ingest.config import LimitsConfig
 from danube_ingest.dispatch import (
     ConsumerClosedError,
@@ -726,6 +726,7 @@ class TopicManager:
             raise InvalidRequestError("subscription name must not be empty")
         check_name(subscription, "subscription name")
         check_name(consumer_name, "consumer name")
+        check_key_filters(key_filters)
         runtime = await self._load(topic)
         sub_record = await self._records.get_subscription(topic, subscription)
         if sub_record is None:

@@ -31,7 +31,7 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-from danube_ingest.config.auth import AuthConfig
+from danube_ingest.config.auth import AuthConfig, JwtConfig
 from danube_ingest.errors import ConfigError
 from danube_ingest.security.errors import UnauthenticatedError
 
@@ -267,9 +267,7 @@ class Authenticator:
                     f"token expired at {_iso(float(exp))} (now {_iso(now)}): get a new token"
                 ) from None
             except jwt.MissingRequiredClaimError as exc:
-                raise UnauthenticatedError(
-                    f"token has no {exc.claim!r} claim: tokens must expire"
-                ) from None
+                raise UnauthenticatedError(_missing_claim(exc.claim, config)) from None
             except jwt.ImmatureSignatureError:
                 raise UnauthenticatedError(
                     "token is not valid yet (nbf/iat in the future)"
@@ -288,6 +286,22 @@ class Authenticator:
             f"token signature does not verify with {source} ({algorithm}): it was signed "
             f"with another key or altered"
         )
+
+
+def _missing_claim(claim: str, config: JwtConfig) -> str:
+    """What is wrong with a token that lacks ``claim`` (``exp``, or ``aud``/``iss`` when
+    configured)."""
+    if claim == "aud":
+        return (
+            f"token has no 'aud' claim: auth.jwt.audience requires {config.audience!r}; get a "
+            f"token issued for that audience"
+        )
+    if claim == "iss":
+        return (
+            f"token has no 'iss' claim: auth.jwt.issuer requires {config.issuer!r}; get a "
+            f"token from that issuer"
+        )
+    return f"token has no {claim!r} claim: tokens must expire (set 'exp')"
 
 
 def _iso(seconds: float) -> str:
