@@ -7,11 +7,14 @@ the topic, id or limit involved.
 Security (``danube_ingest.security``): every call is authenticated (``AuthInterceptor``, then
 ``Guard.caller`` here) and authorized for the topic it names before the TopicManager is
 called, so nothing is stored, no offset assigned and nothing acknowledged for a refused
-caller. Producer and consumer ids are checked against the principal that created them.
+caller. Producer and consumer ids are checked against the principal that created them. A
+ReceiveMessages stream ends with UNAUTHENTICATED when the JWT it was opened with expires
+(``Caller.deadline``); danube-client then subscribes again with its (fresh) token.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
@@ -263,7 +266,25 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
             # Straight from the deliveries (no intermediate generator): this loop runs once
             # per delivered message.
             stream = manager.deliveries(request.consumer_id, 1, caller.peer, caller.owner)
-            async for batch in stream:
+            loop = asyncio.get_running_loop()
+            deadline = caller.deadline(loop)
+            while True:
+                try:
+                    if deadline is None:
+                        batch = await anext(stream)
+                    else:
+                        # The token's expiry ends the stream (UNAUTHENTICATED), also while it
+                        # waits for a message; the generator's end detaches the consumer.
+                        if loop.time() >= deadline:
+                            await stream.aclose()
+                            raise caller.expired()
+                        try:
+                            async with asyncio.timeout_at(deadline):
+                                batch = await anext(stream)
+                        except TimeoutError:
+                            raise caller.expired() from None
+                except StopAsyncIteration:
+                    return
                 for delivery in batch:
                     assert isinstance(delivery, Delivery)  # (no frames asked for)
                     yield message_from_entry(delivery.entry, topic, subscription, broker_url)
