@@ -226,3 +226,30 @@ async def test_raw_batch_publish_stream_ends_unauthenticated(
         error = await asyncio.wait_for(rpc_error(call.read()), exp - time.time() + GRACE)
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
     assert (error.details() or "").startswith(TOKEN_EXPIRED)
+
+
+async def test_batch_producer_loses_no_batch_in_flight_when_its_token_expires(
+    strict: SecureBroker, signing: Signing
+) -> None:
+    """A bulk publish spanning the expiry (batches in flight when the stream ends): they are
+    resent on the stream opened with the provider's new token, not failed; every message is
+    stored exactly once, in order."""
+    minted: list[float] = []
+
+    def provider() -> str:
+        new, new_exp = short_token(signing)
+        minted.append(new_exp)
+        return new
+
+    bulks: list[asyncio.Future[list[range]]] = []
+    async with Producer(strict.url, TOPIC, tls=strict.tls, token=provider) as producer:
+        assert await (await producer.send(b"first")) == 0
+        await asyncio.sleep(max(minted[0] - time.time() - 0.3, 0))
+        while time.time() < minted[0] + 0.5:  # bulks of 20 batches, without pause
+            bulks.append(await producer.send_many([b"x" * 100] * 20_000))
+        stored = [r for bulk in bulks for r in await bulk]
+    count = 20_000 * len(bulks)
+    assert len(minted) >= 2, "the stream was not opened again"
+    assert [o for r in stored for o in r] == list(range(1, count + 1))
+    info = strict.store.info(TOPIC)
+    assert info is not None and info.high_watermark == count + 1
