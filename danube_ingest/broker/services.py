@@ -266,28 +266,35 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
             # Straight from the deliveries (no intermediate generator): this loop runs once
             # per delivered message.
             stream = manager.deliveries(request.consumer_id, 1, caller.peer, caller.owner)
-            loop = asyncio.get_running_loop()
-            deadline = caller.deadline(loop)
-            while True:
-                try:
-                    if deadline is None:
-                        batch = await anext(stream)
-                    else:
+            deadline = caller.deadline(asyncio.get_running_loop())
+            expiry = None if deadline is None else _Expiry(deadline)
+            try:
+                while True:
+                    if expiry is not None:
                         # The token's expiry ends the stream (UNAUTHENTICATED), also while it
                         # waits for a message; the generator's end detaches the consumer.
-                        if loop.time() >= deadline:
+                        if expiry.fired:
                             await stream.aclose()
                             raise caller.expired()
-                        try:
-                            async with asyncio.timeout_at(deadline):
-                                batch = await anext(stream)
-                        except TimeoutError:
-                            raise caller.expired() from None
-                except StopAsyncIteration:
-                    return
-                for delivery in batch:
-                    assert isinstance(delivery, Delivery)  # (no frames asked for)
-                    yield message_from_entry(delivery.entry, topic, subscription, broker_url)
+                        expiry.waiting = True
+                    try:
+                        batch = await anext(stream)
+                    except StopAsyncIteration:
+                        return
+                    except asyncio.CancelledError:
+                        if expiry is None or not expiry.fired:
+                            raise
+                        expiry.uncancel()
+                        raise caller.expired() from None
+                    finally:
+                        if expiry is not None:
+                            expiry.waiting = False
+                    for delivery in batch:
+                        assert isinstance(delivery, Delivery)  # (no frames asked for)
+                        yield message_from_entry(delivery.entry, topic, subscription, broker_url)
+            finally:
+                if expiry is not None:
+                    expiry.cancel()
         except Exception as exc:
             await _abort(context, exc)
             raise
@@ -334,6 +341,37 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
             await _abort(context, exc)
             raise
         return pb.NackResponse(request_id=request.request_id)
+
+
+class _Expiry:
+    """A stream's end at its token's expiry, for a loop that runs once per message: one timer
+    per stream (not one per wait), which sets :attr:`fired` and cancels the handler task only
+    while it waits for a delivery (:attr:`waiting`); between waits the loop reads
+    :attr:`fired`."""
+
+    __slots__ = ("_task", "_timer", "fired", "waiting")
+
+    def __init__(self, deadline: float) -> None:
+        """``deadline``: ``loop.time()`` of the expiry; the current task is the handler's."""
+        self.fired = False
+        self.waiting = False
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._timer = asyncio.get_running_loop().call_at(deadline, self._fire)
+
+    def _fire(self) -> None:
+        self.fired = True
+        if self.waiting:
+            self._task.cancel()
+
+    def uncancel(self) -> None:
+        """Undo the cancellation :meth:`_fire` made (the handler goes on to abort)."""
+        self._task.uncancel()
+
+    def cancel(self) -> None:
+        """Drop the timer (the stream ended)."""
+        self._timer.cancel()
 
 
 class HealthService(pb_grpc.HealthCheckServicer):  # type: ignore[misc]
