@@ -24,7 +24,9 @@ failed delivery come one by one. A batch's entries are sent as the bytes they ar
 ``wal.block.served_frame`` / ``served_block``), not encoded again message by message, and a
 frame's offsets are one ``arange``.
 
-Security: the caller is authenticated once per stream; each Publish batch is authorized
+Security: the caller is authenticated once per stream, and the stream ends with
+UNAUTHENTICATED when the JWT it was opened with expires (``Caller.deadline``; the client opens
+it again with a fresh token); each Publish batch is authorized
 (``produce`` on its topic) before it is checked or staged, and a refused batch is answered
 with PERMISSION_DENIED alone; ``Consume`` needs ``consume`` on the topic, and its consumer name
 is bound to the principal as on the danube-client path. Acks travel on the Consume stream
@@ -55,7 +57,7 @@ from danube_ingest.dispatch import Delivery, Frame, SubscriptionType
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.proto import ingest_pb2 as pb
 from danube_ingest.proto import ingest_pb2_grpc as pb_grpc
-from danube_ingest.security import Caller, Guard
+from danube_ingest.security import Caller, Guard, UnauthenticatedError
 from danube_ingest.wal.block import (
     IDEMPOTENT_BIT,
     BlockLimits,
@@ -185,6 +187,9 @@ class IngestService(pb_grpc.IngestServiceServicer):
         try:
             async for answer in self._publish(request_iterator, caller):
                 yield answer
+        except UnauthenticatedError as exc:  # (the token expired)
+            await _abort(context, exc)
+            raise
         finally:
             self._publish_streams -= 1
 
@@ -195,9 +200,22 @@ class IngestService(pb_grpc.IngestServiceServicer):
         reader = asyncio.get_running_loop().create_task(
             self._read_batches(request_iterator, answers, caller)
         )
+        loop = asyncio.get_running_loop()
+        deadline = caller.deadline(loop)
         try:
             while True:
-                answer = await answers.get()
+                if deadline is None:
+                    answer = await answers.get()
+                else:
+                    # The token's expiry ends the stream; batches staged but not answered are
+                    # resent by the client (same sequence: stored once).
+                    if loop.time() >= deadline:
+                        raise caller.expired()
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            answer = await answers.get()
+                    except TimeoutError:
+                        raise caller.expired() from None
                 if answer is None:
                     break
                 yield answer
@@ -277,13 +295,21 @@ class IngestService(pb_grpc.IngestServiceServicer):
             consumer_id, max_batch, caller.peer, caller.owner, frames=True
         )
         following: asyncio.Future[Any] | None = None
+        loop = asyncio.get_running_loop()
+        deadline = caller.deadline(loop)
         try:
             yield pb.ConsumeResponse(topic=sub.topic, count=0, consumer_id=consumer_id)
             while True:
                 # The client half-closing its requests (``Consumer.close``) ends the stream
                 # once every ack it sent is applied: they are read in order before the end.
                 following = asyncio.ensure_future(anext(deliveries))
-                await asyncio.wait((following, acks), return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    (following, acks),
+                    timeout=None if deadline is None else max(deadline - loop.time(), 0.0),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not following.done() and not acks.done():
+                    raise caller.expired()  # (the token expired: the stream ends)
                 if not following.done():
                     acks.result()  # an error reading the requests ends the stream with it
                     return

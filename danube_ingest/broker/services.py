@@ -7,11 +7,14 @@ the topic, id or limit involved.
 Security (``danube_ingest.security``): every call is authenticated (``AuthInterceptor``, then
 ``Guard.caller`` here) and authorized for the topic it names before the TopicManager is
 called, so nothing is stored, no offset assigned and nothing acknowledged for a refused
-caller. Producer and consumer ids are checked against the principal that created them.
+caller. Producer and consumer ids are checked against the principal that created them. A
+ReceiveMessages stream ends with UNAUTHENTICATED when the JWT it was opened with expires
+(``Caller.deadline``); danube-client then subscribes again with its (fresh) token.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
@@ -33,10 +36,10 @@ from danube_ingest.broker.errors import (
     UnknownClientError,
 )
 from danube_ingest.broker.forward import Forwarder
-from danube_ingest.broker.names import InvalidTopicNameError
+from danube_ingest.broker.names import InvalidTopicNameError, parse_topic
 from danube_ingest.broker.start import from_metadata
 from danube_ingest.broker.topics import TopicManager
-from danube_ingest.broker.validation import subscription_type
+from danube_ingest.broker.validation import check_subscription_name, subscription_type
 from danube_ingest.dispatch import Delivery, SubscriptionBusyError
 from danube_ingest.errors import (
     DanubeIngestError,
@@ -267,10 +270,35 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
             # Straight from the deliveries (no intermediate generator): this loop runs once
             # per delivered message.
             stream = manager.deliveries(request.consumer_id, 1, caller.peer, caller.owner)
-            async for batch in stream:
-                for delivery in batch:
-                    assert isinstance(delivery, Delivery)  # (no frames asked for)
-                    yield message_from_entry(delivery.entry, topic, subscription, broker_url)
+            deadline = caller.deadline(asyncio.get_running_loop())
+            expiry = None if deadline is None else _Expiry(deadline)
+            try:
+                while True:
+                    if expiry is not None:
+                        # The token's expiry ends the stream (UNAUTHENTICATED), also while it
+                        # waits for a message; the generator's end detaches the consumer.
+                        if expiry.fired:
+                            await stream.aclose()
+                            raise caller.expired()
+                        expiry.waiting = True
+                    try:
+                        batch = await anext(stream)
+                    except StopAsyncIteration:
+                        return
+                    except asyncio.CancelledError:
+                        if expiry is None or not expiry.fired:
+                            raise
+                        expiry.uncancel()
+                        raise caller.expired() from None
+                    finally:
+                        if expiry is not None:
+                            expiry.waiting = False
+                    for delivery in batch:
+                        assert isinstance(delivery, Delivery)  # (no frames asked for)
+                        yield message_from_entry(delivery.entry, topic, subscription, broker_url)
+            finally:
+                if expiry is not None:
+                    expiry.cancel()
         except Exception as exc:
             await _abort(context, exc)
             raise
@@ -290,6 +318,8 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
         try:
             msg_id = request.msg_id
             topic = msg_id.topic_name
+            parse_topic(topic)
+            check_subscription_name(request.subscription_name, "ack")
             peer, owner = self._settler(context, topic)
             self._manager.ack(topic, request.subscription_name, msg_id.topic_offset, peer, owner)
         except Exception as exc:
@@ -299,6 +329,8 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
 
     async def Nack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            parse_topic(request.msg_id.topic_name)
+            check_subscription_name(request.subscription_name, "nack")
             peer, owner = self._settler(context, request.msg_id.topic_name)
             self._manager.nack(
                 request.msg_id.topic_name,
@@ -313,6 +345,37 @@ class ConsumerService(pb_grpc.ConsumerServiceServicer):  # type: ignore[misc]
             await _abort(context, exc)
             raise
         return pb.NackResponse(request_id=request.request_id)
+
+
+class _Expiry:
+    """A stream's end at its token's expiry, for a loop that runs once per message: one timer
+    per stream (not one per wait), which sets :attr:`fired` and cancels the handler task only
+    while it waits for a delivery (:attr:`waiting`); between waits the loop reads
+    :attr:`fired`."""
+
+    __slots__ = ("_task", "_timer", "fired", "waiting")
+
+    def __init__(self, deadline: float) -> None:
+        """``deadline``: ``loop.time()`` of the expiry; the current task is the handler's."""
+        self.fired = False
+        self.waiting = False
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._timer = asyncio.get_running_loop().call_at(deadline, self._fire)
+
+    def _fire(self) -> None:
+        self.fired = True
+        if self.waiting:
+            self._task.cancel()
+
+    def uncancel(self) -> None:
+        """Undo the cancellation :meth:`_fire` made (the handler goes on to abort)."""
+        self._task.uncancel()
+
+    def cancel(self) -> None:
+        """Drop the timer (the stream ended)."""
+        self._timer.cancel()
 
 
 class HealthService(pb_grpc.HealthCheckServicer):  # type: ignore[misc]

@@ -57,7 +57,7 @@ from danube_ingest.broker.names import parse_topic, partition_base
 from danube_ingest.broker.producer_handover import adopt_handed_producers, handed_table
 from danube_ingest.broker.start import LATEST, StartPosition
 from danube_ingest.broker.takeover import TakeoverGate
-from danube_ingest.broker.validation import check_message, check_name
+from danube_ingest.broker.validation import check_key_filters, check_message, check_name
 from danube_ingest.config import LimitsConfig
 from danube_ingest.dispatch import (
     ConsumerClosedError,
@@ -728,6 +728,7 @@ class TopicManager:
             raise InvalidRequestError("subscription name must not be empty")
         check_name(subscription, "subscription name")
         check_name(consumer_name, "consumer name")
+        check_key_filters(key_filters)
         runtime = await self._load(topic)
         sub_record = await self._records.get_subscription(topic, subscription)
         if sub_record is None:
@@ -780,7 +781,10 @@ class TopicManager:
                 f"subscription {subscription} has {attached} consumers "
                 f"(limits.max_consumers_per_subscription)"
             )
-        handle = sub.attach(client_id, consumer_name, list(key_filters), frames=frames)
+        # (Shared and KeyShared give it messages once its stream opens: ``deliveries``.)
+        handle = sub.attach(
+            client_id, consumer_name, list(key_filters), frames=frames, receiving=False
+        )
         if record != existing:
             await self._records.put_client(record)
         self._consumers[client_id] = record

@@ -7,7 +7,16 @@ error text travels in a gRPC header, which a long name would overflow.
 Limits:
 
 * producer, consumer and subscription names: at most ``MAX_NAME_BYTES`` (255) bytes (they are
-  etcd key segments or stored in etcd records); a topic name is bounded in ``broker.names``.
+  etcd key segments or stored in etcd records) and no control characters (U+0000-U+001F,
+  U+007F: a NUL would cut the name short in logs, metrics labels and C tools); a topic name is
+  bounded in ``broker.names``.
+* KeyShared key filters (``check_key_filters``): at most ``MAX_KEY_FILTERS`` (64) filters of at
+  most ``MAX_KEY_FILTER_BYTES`` (1,024) bytes each, none empty: they are stored in the
+  consumer's etcd record and compiled into one pattern matched against every routed key.
+* Ack and Nack: a well-formed topic name (``broker.names``) and a subscription name that could
+  exist (``check_subscription_name``: a key segment, 1-255 characters without '/', spaces or
+  controls). A well-formed name of a topic or subscription that does not exist is no error
+  there: such a settle is ignored.
 * a published message (``check_message``): payload at most ``limits.max_payload_bytes``; at
   most ``limits.max_attributes`` attributes; a routing key or attribute key at most
   ``MAX_KEY_BYTES`` (65,535, what the WAL frame holds); the producer name at most
@@ -18,11 +27,14 @@ Limits:
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Any
 
 from danube_ingest.broker.errors import InvalidRequestError
 from danube_ingest.config import LimitsConfig
 from danube_ingest.dispatch import SubscriptionType
+from danube_ingest.metadata.keys import check_segment
 from danube_ingest.wal.framing import MAX_SHORT_FIELD
 
 #: Longest producer, consumer or subscription name (UTF-8 bytes): the longest etcd key segment.
@@ -32,8 +44,17 @@ MAX_NAME_BYTES = 255
 MAX_KEY_BYTES = MAX_SHORT_FIELD
 #: Largest ``publish_time``: the WAL stores it as a signed 64-bit integer.
 MAX_PUBLISH_TIME = (1 << 63) - 1
+#: Most key filters one KeyShared consumer may give: each is matched (as one combined pattern)
+#: against every key routed to the subscription, and all are stored in its etcd record.
+#: Danube's own examples use one or two; 64 leaves room for a consumer per region or tenant.
+MAX_KEY_FILTERS = 64
+#: Longest key filter (UTF-8 bytes): a glob over routing keys, which are rarely longer than a
+#: few dozen bytes; 1 KiB bounds the compiled pattern and the etcd record.
+MAX_KEY_FILTER_BYTES = 1024
 #: Characters of a value echoed in an error message.
 SHOWN_CHARS = 64
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def shown(value: str, limit: int = SHOWN_CHARS) -> str:
@@ -49,12 +70,49 @@ def _utf8(value: str) -> int:
 
 
 def check_name(value: str, what: str) -> None:
-    """Refuse a producer, consumer or subscription name over ``MAX_NAME_BYTES``."""
+    """Refuse a producer, consumer or subscription name over ``MAX_NAME_BYTES`` or holding a
+    control character."""
     size = _utf8(value)
     if size > MAX_NAME_BYTES:
         raise InvalidRequestError(
             f"{what} {shown(value)} is {size} bytes long; at most {MAX_NAME_BYTES} bytes (UTF-8)"
         )
+    control = _CONTROL.search(value)
+    if control is not None:
+        raise InvalidRequestError(
+            f"{what} {shown(value)} holds the control character U+{ord(control.group()):04X} "
+            f"at index {control.start()}; use printable characters"
+        )
+
+
+def check_key_filters(filters: Sequence[str]) -> None:
+    """Refuse KeyShared key filters beyond ``MAX_KEY_FILTERS`` in count, an empty one, or one
+    over ``MAX_KEY_FILTER_BYTES``."""
+    if len(filters) > MAX_KEY_FILTERS:
+        raise InvalidRequestError(
+            f"{len(filters)} key filters; at most {MAX_KEY_FILTERS} (combine them into fewer "
+            f"globs, or split the keys between more consumers)"
+        )
+    for index, pattern in enumerate(filters):
+        size = _utf8(pattern)
+        if size == 0:
+            raise InvalidRequestError(
+                f"key filter {index} is empty; give a glob such as 'eu-*' (no filters: every key)"
+            )
+        if size > MAX_KEY_FILTER_BYTES:
+            raise InvalidRequestError(
+                f"key filter {index} {shown(pattern)} is {size} bytes long; at most "
+                f"{MAX_KEY_FILTER_BYTES} bytes (UTF-8)"
+            )
+
+
+def check_subscription_name(subscription: str, what: str) -> None:
+    """Refuse a subscription name (in ``what``: the request naming it) that no subscription can
+    have: empty, over ``MAX_NAME_BYTES``, or not one metadata key segment."""
+    if not subscription:
+        raise InvalidRequestError(f"{what} names no subscription: set its subscription name")
+    check_name(subscription, f"{what} subscription name")
+    check_segment(subscription, f"{what} subscription name")
 
 
 def subscription_type(value: int) -> SubscriptionType:

@@ -4,7 +4,7 @@
 ranges. See docs/design/batch_protocol.md for the wire format and guarantees.
 """
 
-from danube_ingest.client._auth import call_metadata
+from danube_ingest.client._auth import TokenProvider, call_metadata
 from danube_ingest.client._consumer import Batch, Consumer, SubType, decode_batch
 from danube_ingest.client._errors import (
     ClientError,
@@ -27,6 +27,7 @@ __all__ = [
     "PublishError",
     "SubType",
     "TlsOptions",
+    "TokenProvider",
     "call_metadata",
     "decode_batch",
     "new_producer_id",

@@ -17,7 +17,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from danube_ingest.client._auth import call_metadata
+from danube_ingest.client._auth import Credentials, TokenProvider
 from danube_ingest.client._errors import ConsumeError, stream_lost
 from danube_ingest.client._tls import TlsOptions, open_channel
 from danube_ingest.proto import ingest_pb2 as pb
@@ -67,7 +67,10 @@ class Consumer:
     batch's last offset; Shared and KeyShared: exactly the batch's offsets). Unacknowledged
     messages are redelivered as the subscription's dispatch rules say (ack timeout, detach).
     ``token``: a JWT or API key sent as ``authorization: Bearer`` (daemons with
-    ``auth.enabled``).
+    ``auth.enabled``), or a token provider (a function returning one, called each time the
+    stream is opened). When the daemon ends the stream because the JWT expired, a provider
+    that has a new token makes it a reconnect (below) with that token; otherwise the expiry is
+    a refusal.
 
     **Reconnect** (``reconnect=True``, the default): when the stream is lost (the daemon died
     or restarted, the connection broke: UNAVAILABLE, CANCELLED, RESOURCE_EXHAUSTED,
@@ -105,10 +108,10 @@ class Consumer:
         retry_backoff_ms: float = 50.0,
         max_backoff_ms: float = 2000.0,
         reconnect_timeout_s: float = 60.0,
-        token: str | None = None,
+        token: str | TokenProvider | None = None,
     ) -> None:
         self.topic = topic
-        self._metadata = call_metadata(token)
+        self._credentials = Credentials(token)
         self.sub_type = sub_type
         self._url = url
         self._tls = tls
@@ -175,7 +178,9 @@ class Consumer:
         for request in pending:
             self._requests.put_nowait(request)
         stub = pb_grpc.IngestServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._call = stub.Consume(self._request_stream(self._requests), metadata=self._metadata)
+        self._call = stub.Consume(
+            self._request_stream(self._requests), metadata=self._credentials.metadata()
+        )
         subscribed = await self._read(None)
         self.consumer_id = subscribed.consumer_id
 
@@ -286,7 +291,9 @@ class Consumer:
         except grpc.aio.AioRpcError as exc:
             self._reading = None
             code, details = exc.code(), exc.details() or ""
-            lost = stream_lost(code, details, exc.debug_error_string() or "")
+            lost = stream_lost(
+                code, details, exc.debug_error_string() or ""
+            ) or self._credentials.renewable(code, details)
             raise ConsumeError(code, details, self.topic, lost=lost) from None
         self._reading = None
         if response is grpc.aio.EOF:

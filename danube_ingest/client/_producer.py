@@ -17,7 +17,7 @@ import lz4.frame
 import zstandard
 from crc32c import crc32c
 
-from danube_ingest.client._auth import call_metadata
+from danube_ingest.client._auth import Credentials, TokenProvider
 from danube_ingest.client._errors import ClientError, DeliveryTimeoutError, PublishError
 from danube_ingest.client._tls import TlsOptions, open_channel
 from danube_ingest.errors import InvalidEntryError
@@ -121,8 +121,12 @@ class Producer:
     ``tls`` (:class:`TlsOptions`) connects with TLS (a private CA, a client certificate for
     mutual TLS); an ``https://`` URL alone does too, with the system's trusted roots.
     ``token``: a JWT or API key sent as ``authorization: Bearer`` (daemons with
-    ``auth.enabled``); a stream refused for it (UNAUTHENTICATED, PERMISSION_DENIED) fails the
-    futures of every batch sent with :class:`PublishError` instead of resending them.
+    ``auth.enabled``), or a token provider (a function returning one, called each time the
+    stream is opened); a stream refused for it (UNAUTHENTICATED, PERMISSION_DENIED) fails the
+    futures of every batch sent with :class:`PublishError` instead of resending them, except
+    when the daemon ended the stream because the JWT expired and the provider has a new token:
+    then the stream is opened again with it and unanswered batches are resent (same sequence:
+    stored once).
     Deadline: a batch not answered within ``delivery_timeout`` seconds of being sealed (the
     daemon down for good, unreachable, or refusing with RESOURCE_EXHAUSTED all that time) fails
     its futures with :class:`DeliveryTimeoutError` (retriable); until then it is resent with the
@@ -149,11 +153,11 @@ class Producer:
         delivery_timeout: float | None = 120.0,
         channel: grpc.aio.Channel | None = None,
         tls: TlsOptions | None = None,
-        token: str | None = None,
+        token: str | TokenProvider | None = None,
     ) -> None:
         self.topic = topic
         self.producer_name = producer_name
-        self._metadata = call_metadata(token)
+        self._credentials = Credentials(token)
         self.producer_id = new_producer_id() if idempotent else 0
         self._url = url
         self._tls = tls
@@ -430,7 +434,7 @@ class Producer:
         while not self._closing:
             assert self._channel is not None
             stub = pb_grpc.IngestServiceStub(self._channel)  # type: ignore[no-untyped-call]
-            call = stub.Publish(metadata=self._metadata)
+            call = stub.Publish(metadata=self._credentials.metadata())
             reader = asyncio.get_running_loop().create_task(self._read(call))
             try:
                 await self._write(call, reader)
@@ -439,7 +443,14 @@ class Producer:
                 # (InvalidStateError: a write to a call that already failed, e.g. the daemon
                 # died between two writes; the reader has or will have its error.)
                 log.info("publish stream lost topic=%s error=%r", self.topic, exc)
-                if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSED:
+                if (
+                    isinstance(exc, grpc.aio.AioRpcError)
+                    and exc.code() in _REFUSED
+                    and self._credentials.renewable(exc.code(), exc.details() or "")
+                ):
+                    log.info("token expired, publishing with a new one topic=%s", self.topic)
+                    delay = self._backoff
+                elif isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _REFUSED:
                     # Credentials refused: resending cannot help; fail what was sent.
                     error = PublishError(exc.code(), exc.details() or "", self.topic)
                     refused = [*self._in_flight.values(), *self._ready]

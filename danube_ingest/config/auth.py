@@ -54,7 +54,10 @@ class JwtConfig(_Section):
     clock_skew_seconds: _Seconds = Field(
         default=30.0,
         ge=0,
-        description="Leeway when checking `exp` and `nbf` against this host's clock.",
+        description=(
+            "Leeway when checking `exp` and `nbf` against this host's clock; a stream opened "
+            "with a JWT ends (UNAUTHENTICATED) at its `exp` plus this."
+        ),
     )
     principal_claim: str = Field(
         default="sub", description="Claim naming the principal (permissions refer to it)."

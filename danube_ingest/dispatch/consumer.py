@@ -40,6 +40,8 @@ class Frame(NamedTuple):
 class _Owner(Protocol):
     def _detach_handle(self, handle: ConsumerHandle) -> None: ...
 
+    def _receiving(self, handle: ConsumerHandle) -> None: ...
+
 
 class ConsumerHandle:
     """One attached consumer's end of a subscription.
@@ -48,6 +50,12 @@ class ConsumerHandle:
     handle is read by one task (the consumer's ReceiveMessages stream). Once the consumer is
     detached or taken over, :meth:`next` raises :class:`ConsumerClosedError` and the messages it
     still held (queued or unacknowledged) are redelivered by the subscription.
+
+    A Shared or KeyShared subscription gives a consumer messages only while it is
+    :attr:`receiving`: a handle attached with ``receiving=False`` (the broker's Subscribe,
+    before the consumer opens its stream) starts receiving at :meth:`open_stream` or its first
+    :meth:`next` / :meth:`next_batch`, so a consumer that subscribed and never opened its
+    stream holds nothing the others could have had.
     """
 
     def __init__(
@@ -58,6 +66,7 @@ class ConsumerHandle:
         key_filter: KeyFilter,
         description: str,
         frames: int = 0,
+        receiving: bool = True,
     ) -> None:
         self._owner = owner
         self.consumer_id = consumer_id
@@ -78,6 +87,10 @@ class ConsumerHandle:
         self._closed = False
         self._close_reason = ""
         self._waiter: asyncio.Future[None] | None = None
+        self.receiving = receiving
+        """Whether the consumer's stream is open (:meth:`open_stream`, or the first :meth:`next`
+        or :meth:`next_batch`); Shared and KeyShared give messages only to receiving
+        consumers."""
         self.dropped = 0
         """Non-reliable subscriptions: messages dropped because this consumer's queue was full."""
         self.progress_at = 0.0
@@ -135,7 +148,16 @@ class ConsumerHandle:
             count += size
         return batch
 
+    def open_stream(self) -> None:
+        """The consumer's stream is open: it receives from now on (idempotent; a no-op once
+        closed). The subscription may queue deliveries to it at once."""
+        if not self.receiving and not self._closed:
+            self.receiving = True
+            self._owner._receiving(self)
+
     async def _wait(self) -> None:
+        if not self.receiving:
+            self.open_stream()
         while True:
             if self._closed:
                 raise ConsumerClosedError(f"{self._description} {self._close_reason}")

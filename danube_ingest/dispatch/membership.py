@@ -7,7 +7,10 @@ Shared by the reliable and non-reliable subscriptions, so both apply the same at
 * Exclusive admits one consumer name: the same name with another id takes over, another name
   is refused with :class:`SubscriptionBusyError`;
 * Failover: the earliest attached consumer is active, the others stand by in attach order;
-* Shared and KeyShared: every consumer receives.
+* Shared and KeyShared: every consumer whose stream is open receives
+  (``ConsumerHandle.receiving``); one that subscribed and never opened its stream is attached
+  (it counts against the subscription's consumer limit, and a later stream finds it) but is
+  given nothing, and is not on the KeyShared hash ring until its stream opens.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class Membership:
         self._handles: list[ConsumerHandle] = []
         self._by_id: dict[int, ConsumerHandle] = {}
         self._ring = HashRing() if sub_type is SubscriptionType.KEY_SHARED else None
+        self._shared = sub_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
         self._rr = 0
 
     def __len__(self) -> int:
@@ -71,8 +75,18 @@ class Membership:
         if self._ring is not None:
             for old in replaced:
                 self._ring.remove(old.consumer_id)
-            self._ring.add(handle.consumer_id, handle.key_filter)
+            if handle.receiving:
+                self._ring.add(handle.consumer_id, handle.key_filter)
         return replaced
+
+    def start_receiving(self, handle: ConsumerHandle) -> bool:
+        """``handle``'s stream opened: return whether that changes who receives (Shared and
+        KeyShared, for an attached handle; KeyShared puts it on the hash ring)."""
+        if self._by_id.get(handle.consumer_id) is not handle or not self._shared:
+            return False
+        if self._ring is not None:
+            self._ring.add(handle.consumer_id, handle.key_filter)
+        return True
 
     def remove(self, handle: ConsumerHandle) -> bool:
         """Remove ``handle`` if it is attached; return whether it was."""
@@ -86,26 +100,27 @@ class Membership:
 
     def receivers(self) -> list[ConsumerHandle]:
         """The consumers that may be given messages now."""
-        if self.sub_type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+        if not self._shared:
             return self._handles[:1]
-        return list(self._handles)
+        return [h for h in self._handles if h.receiving]
 
     def receiver_count(self) -> int:
-        if self.sub_type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+        if not self._shared:
             return min(1, len(self._handles))
-        return len(self._handles)
+        return sum(1 for h in self._handles if h.receiving)
 
     def active(self) -> ConsumerHandle | None:
         """Exclusive and Failover: the consumer that receives."""
         return self._handles[0] if self._handles else None
 
     def round_robin(self, has_room: Callable[[ConsumerHandle], bool]) -> ConsumerHandle | None:
-        """Shared: the next consumer in turn that has room (``None`` when none has)."""
+        """Shared: the next receiving consumer in turn that has room (``None`` when none
+        has)."""
         handles = self._handles
         n = len(handles)
         for i in range(n):
             index = (self._rr + i) % n
-            if has_room(handles[index]):
+            if handles[index].receiving and has_room(handles[index]):
                 self._rr = index + 1
                 return handles[index]
         return None

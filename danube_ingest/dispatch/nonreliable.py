@@ -79,6 +79,7 @@ class NonReliableSubscription:
         *,
         sub_type: SubscriptionType | None = None,
         frames: int = 0,
+        receiving: bool = True,
     ) -> ConsumerHandle:
         """Attach a consumer (same rules and errors as :meth:`ReliableSubscription.attach`);
         it receives entries published from now on, always one by one (``frames`` is ignored:
@@ -94,6 +95,7 @@ class NonReliableSubscription:
             name,
             KeyFilter(key_filters),
             f"consumer {consumer_id} ({name!r}) of subscription {self.name} on topic {self.topic}",
+            receiving=receiving,
         )
         for old in self._members.attach(handle):
             old._shutdown("was taken over by a new attach of the same consumer")
@@ -109,6 +111,9 @@ class NonReliableSubscription:
     def _detach_handle(self, handle: ConsumerHandle) -> None:
         if self._members.remove(handle):
             handle._shutdown("was detached")
+
+    def _receiving(self, handle: ConsumerHandle) -> None:
+        self._members.start_receiving(handle)
 
     def ack(self, offset: int) -> bool:
         """No-op: non-reliable deliveries are not tracked."""
@@ -137,6 +142,8 @@ class NonReliableSubscription:
             target = members.round_robin(self._has_room)
             if target is None:  # every queue is full: charge the drop to the next in turn
                 target = members.round_robin(lambda _: True)
+            if target is None:
+                return False  # no consumer's stream is open
         elif self.sub_type is SubscriptionType.KEY_SHARED:
             target = members.key_owner(routing_key_of(entry))
             if target is None:

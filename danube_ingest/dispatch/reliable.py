@@ -284,6 +284,7 @@ class ReliableSubscription:
         *,
         sub_type: SubscriptionType | None = None,
         frames: int = 0,
+        receiving: bool = True,
     ) -> ConsumerHandle:
         """Attach a consumer and return its handle.
 
@@ -292,7 +293,9 @@ class ReliableSubscription:
 
         Attaching an id that is already attached is a takeover: the previous handle closes and
         the entries it held are redelivered (to the new handle for Exclusive and Failover).
-        ``key_filters`` only matter for KeyShared. Raises :class:`SubscriptionBusyError` (an
+        ``key_filters`` only matter for KeyShared. ``receiving=False``: the consumer has not
+        opened its stream yet; Shared and KeyShared give it nothing until
+        :meth:`ConsumerHandle.open_stream`. Raises :class:`SubscriptionBusyError` (an
         Exclusive subscription held by another name), :class:`SubscriptionTypeMismatchError`
         (``sub_type`` given and different) or :class:`ConsumerClosedError` (closed).
         """
@@ -308,6 +311,7 @@ class ReliableSubscription:
             KeyFilter(key_filters),
             f"consumer {consumer_id} ({name!r}) of subscription {self.name} on topic {self.topic}",
             frames=frames if self._frames else 0,
+            receiving=receiving,
         )
         for old in self._members.attach(handle):
             self._release_consumer(old, "was taken over by a new attach of the same consumer")
@@ -337,6 +341,11 @@ class ReliableSubscription:
     def _detach_handle(self, handle: ConsumerHandle) -> None:
         if self._members.remove(handle):
             self._release_consumer(handle, "was detached")
+            self._reassign()
+            self._dispatch()
+
+    def _receiving(self, handle: ConsumerHandle) -> None:
+        if self._members.start_receiving(handle):
             self._reassign()
             self._dispatch()
 

@@ -34,6 +34,7 @@ class Subscription(Protocol):
         *,
         sub_type: SubscriptionType | None = None,
         frames: int = 0,
+        receiving: bool = True,
     ) -> ConsumerHandle: ...
 
     def detach(self, consumer_id: int) -> bool: ...

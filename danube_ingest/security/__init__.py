@@ -17,14 +17,17 @@ from danube_ingest.security.authn import ANONYMOUS, Authenticator, Principal, ha
 from danube_ingest.security.authz import Authorizer, resource_matches
 from danube_ingest.security.binding import check_owner
 from danube_ingest.security.errors import (
+    TOKEN_EXPIRED,
     PermissionDeniedError,
     SecurityError,
+    TokenExpiredError,
     UnauthenticatedError,
 )
 from danube_ingest.security.guard import AuthInterceptor, Caller, Guard
 
 __all__ = [
     "ANONYMOUS",
+    "TOKEN_EXPIRED",
     "AuthInterceptor",
     "Authenticator",
     "Authorizer",
@@ -33,6 +36,7 @@ __all__ = [
     "PermissionDeniedError",
     "Principal",
     "SecurityError",
+    "TokenExpiredError",
     "UnauthenticatedError",
     "check_owner",
     "hash_api_key",

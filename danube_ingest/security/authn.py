@@ -31,9 +31,9 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-from danube_ingest.config.auth import AuthConfig
+from danube_ingest.config.auth import AuthConfig, JwtConfig
 from danube_ingest.errors import ConfigError
-from danube_ingest.security.errors import UnauthenticatedError
+from danube_ingest.security.errors import TOKEN_EXPIRED, TokenExpiredError, UnauthenticatedError
 
 log = logging.getLogger(__name__)
 
@@ -165,12 +165,18 @@ class Authenticator:
 
     def authenticate(self, metadata: Iterable[tuple[str, Any]]) -> Principal:
         """The caller's principal; raises :class:`UnauthenticatedError` saying what is wrong."""
+        return self.identify(metadata)[0]
+
+    def identify(self, metadata: Iterable[tuple[str, Any]]) -> tuple[Principal, float | None]:
+        """The caller's principal and when its credentials stop being accepted: a JWT's
+        ``exp`` plus ``clock_skew_seconds`` (seconds since the epoch); ``None`` for credentials
+        that do not expire (API keys, auth off). Raises as :meth:`authenticate` does."""
         if not self.enabled:
-            return ANONYMOUS
+            return ANONYMOUS, None
         metadata = tuple(metadata)
         api_key = _metadata_value(metadata, "x-api-key")
         if api_key is not None:
-            return self._api_key(api_key)
+            return self._api_key(api_key), None
         header = _metadata_value(metadata, "authorization")
         if header is None:
             raise UnauthenticatedError(f"no credentials: {_HOW_TO}")
@@ -182,7 +188,7 @@ class Authenticator:
             )
         if credential.count(".") == 2:
             return self._jwt(credential)
-        return self._api_key(credential)
+        return self._api_key(credential), None
 
     def _api_key(self, key: str) -> Principal:
         principal = self._api_keys.get(hash_api_key(key))
@@ -192,16 +198,18 @@ class Authenticator:
             )
         return principal
 
-    def _jwt(self, token: str) -> Principal:
+    def _jwt(self, token: str) -> tuple[Principal, float]:
         now = self._clock()
         skew = self._config.clock_skew_seconds
         cached = self._verified.get(token)
         if cached is not None:
             principal, expires = cached
             if now <= expires + skew:
-                return principal
+                return principal, expires + skew
             del self._verified[token]
-            raise UnauthenticatedError(f"token expired at {_iso(expires)}: get a new token")
+            raise TokenExpiredError(
+                f"{TOKEN_EXPIRED} at {_iso(expires)} (now {_iso(now)}): get a new token"
+            )
         claims = self._verify(token, now)
         name = claims.get(self._config.principal_claim)
         if not isinstance(name, str) or not name:
@@ -215,8 +223,9 @@ class Authenticator:
         principal = Principal(name, frozenset(r for r in roles if isinstance(r, str)), "jwt")
         if len(self._verified) >= TOKEN_CACHE_SIZE:
             self._verified.clear()
-        self._verified[token] = (principal, float(claims["exp"]))
-        return principal
+        expires = float(claims["exp"])
+        self._verified[token] = (principal, expires)
+        return principal, expires + skew
 
     def _verify(self, token: str, now: float) -> dict[str, Any]:
         try:
@@ -263,13 +272,11 @@ class Authenticator:
                 continue
             except jwt.ExpiredSignatureError:
                 exp = jwt.decode(token, options={"verify_signature": False}).get("exp", 0)
-                raise UnauthenticatedError(
-                    f"token expired at {_iso(float(exp))} (now {_iso(now)}): get a new token"
+                raise TokenExpiredError(
+                    f"{TOKEN_EXPIRED} at {_iso(float(exp))} (now {_iso(now)}): get a new token"
                 ) from None
             except jwt.MissingRequiredClaimError as exc:
-                raise UnauthenticatedError(
-                    f"token has no {exc.claim!r} claim: tokens must expire"
-                ) from None
+                raise UnauthenticatedError(_missing_claim(exc.claim, config)) from None
             except jwt.ImmatureSignatureError:
                 raise UnauthenticatedError(
                     "token is not valid yet (nbf/iat in the future)"
@@ -288,6 +295,22 @@ class Authenticator:
             f"token signature does not verify with {source} ({algorithm}): it was signed "
             f"with another key or altered"
         )
+
+
+def _missing_claim(claim: str, config: JwtConfig) -> str:
+    """What is wrong with a token that lacks ``claim`` (``exp``, or ``aud``/``iss`` when
+    configured)."""
+    if claim == "aud":
+        return (
+            f"token has no 'aud' claim: auth.jwt.audience requires {config.audience!r}; get a "
+            f"token issued for that audience"
+        )
+    if claim == "iss":
+        return (
+            f"token has no 'iss' claim: auth.jwt.issuer requires {config.issuer!r}; get a "
+            f"token from that issuer"
+        )
+    return f"token has no {claim!r} claim: tokens must expire (set 'exp')"
 
 
 def _iso(seconds: float) -> str:

@@ -5,12 +5,20 @@ added later is never open by accident) and applies the schema registry's admin r
 services then ask the :class:`Guard` for the :class:`Caller` (cached: no second verification)
 and check the permission for the topic each request names, before anything is stored, an
 offset assigned or a delivery acknowledged.
+
+Streams (ReceiveMessages, the batch Publish and Consume) are authenticated when they open and
+end with UNAUTHENTICATED (:class:`TokenExpiredError`) when the JWT they were opened with
+expires (:meth:`Caller.deadline`): like Kafka's re-authentication (KIP-368), a connection
+never outlives its credentials; the client opens the stream again with a fresh token.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -19,8 +27,10 @@ from danube_ingest.config.auth import Action, AuthConfig
 from danube_ingest.security.authn import ANONYMOUS, Authenticator, Principal
 from danube_ingest.security.authz import Authorizer
 from danube_ingest.security.errors import (
+    TOKEN_EXPIRED,
     PermissionDeniedError,
     SecurityError,
+    TokenExpiredError,
     UnauthenticatedError,
 )
 
@@ -36,6 +46,25 @@ class Caller:
     ``ReceiveMessages`` stream came from."""
     authenticated: bool
     """False when ``auth.enabled`` is off (everyone is anonymous and may do everything)."""
+    expires_at: float | None = None
+    """When the credentials of the call stop being accepted (seconds since the epoch: a JWT's
+    ``exp`` plus ``auth.jwt.clock_skew_seconds``); ``None``: never (API keys, auth off)."""
+
+    def deadline(self, loop: asyncio.AbstractEventLoop) -> float | None:
+        """When (``loop.time()``) a stream opened by this call must end for its credentials'
+        expiry; ``None``: never."""
+        if self.expires_at is None:
+            return None
+        return loop.time() + (self.expires_at - time.time())
+
+    def expired(self) -> TokenExpiredError:
+        """The error a stream of this call ends with at its :meth:`deadline`."""
+        expires = self.expires_at if self.expires_at is not None else time.time()
+        return TokenExpiredError(
+            f"{TOKEN_EXPIRED} at {datetime.fromtimestamp(expires, UTC).isoformat()} "
+            f"(auth.jwt.clock_skew_seconds included) while the stream was open: open it again "
+            f"with a new token (principal {self.principal.name!r})"
+        )
 
     @property
     def owner(self) -> str | None:
@@ -58,8 +87,8 @@ class Guard:
         did not prove who it is."""
         if not self.enabled:
             return Caller(ANONYMOUS, context.peer(), False)
-        principal = self.authenticator.authenticate(context.invocation_metadata() or ())
-        return Caller(principal, context.peer(), True)
+        principal, expires_at = self.authenticator.identify(context.invocation_metadata() or ())
+        return Caller(principal, context.peer(), True, expires_at)
 
     def authorize(self, caller: Caller, action: Action, topic: str | None) -> None:
         """Raise :class:`PermissionDeniedError` unless ``caller`` may do ``action`` on
@@ -100,6 +129,11 @@ _CODES = {
 }
 
 
+def _code(exc: SecurityError) -> grpc.StatusCode:
+    """The status ``exc`` (or the base class it is a kind of) is answered with."""
+    return next(code for kind, code in _CODES.items() if isinstance(exc, kind))
+
+
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Refuses every RPC without valid credentials (UNAUTHENTICATED) before its handler runs,
     and schema registry admin RPCs without the admin permission (PERMISSION_DENIED)."""
@@ -131,7 +165,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             try:
                 guard.authorizer.check(principal, "admin", resource(request))
             except SecurityError as exc:
-                await context.abort(_CODES[type(exc)], str(exc))
+                await context.abort(_code(exc), str(exc))
             return await inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(
@@ -143,7 +177,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
 def _refusing(handler: Any, exc: SecurityError) -> Any:
     """A handler of ``handler``'s kind that answers every call with ``exc``'s status."""
-    code = _CODES[type(exc)]
+    code = _code(exc)
     details = str(exc)
 
     async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:

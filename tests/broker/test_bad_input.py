@@ -14,10 +14,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from danube import SchemaType
+from danube import SchemaType, SubType
 from danube.proto import DanubeApi_pb2 as pb
 
 from danube_ingest.broker.server import Broker
+from danube_ingest.broker.validation import MAX_KEY_FILTER_BYTES, MAX_KEY_FILTERS
 from danube_ingest.testing import BrokerProcess
 
 from .support import (
@@ -149,13 +150,14 @@ async def test_malformed_subscription_name_is_invalid(
 
 
 async def test_unknown_acks_and_nacks_are_ignored(clients: Clients, broker: Broker) -> None:
+    """Well-formed names of a topic or subscription that does not exist, or an offset never
+    delivered: answered OK and ignored (see test_malformed_acks_and_nacks_are_invalid)."""
     topic = "/default/acks"
     producer = await clients.producer(topic)
     sub = await clients.consumer(topic, "s", "c1")
     unknown = [
         pb.MsgID(topic_name="/default/never", topic_offset=3),  # no such topic
         pb.MsgID(topic_name=topic, topic_offset=99),  # never delivered
-        pb.MsgID(topic_name="garbage", topic_offset=0),  # not even a topic name
     ]
     async with raw_stubs(broker.url) as raw:
         for i, msg_id in enumerate(unknown):
@@ -175,6 +177,49 @@ async def test_unknown_acks_and_nacks_are_ignored(clients: Clients, broker: Brok
     await sub.ack_all(got)
 
 
+@pytest.mark.parametrize(
+    ("topic", "subscription", "says"),
+    [
+        ("garbage", "s", "invalid topic name 'garbage'"),
+        ("", "s", "invalid topic name ''"),
+        ("/default/acks", "", "names no subscription"),
+        ("/default/acks", "a/b", "subscription name 'a/b'"),
+        ("/default/acks", "two words", "subscription name 'two words'"),
+        ("/default/acks", "s\x00", "control character U+0000"),
+        ("/default/acks", "s" * 300, "at most 255 bytes"),
+    ],
+    ids=["garbage-topic", "no-topic", "no-sub", "slash", "space", "nul", "long"],
+)
+async def test_malformed_acks_and_nacks_are_invalid(
+    clients: Clients, broker: Broker, topic: str, subscription: str, says: str
+) -> None:
+    """An Ack or Nack naming a topic or subscription that cannot exist is INVALID_ARGUMENT,
+    saying which name is wrong, like every other bad field; the subscription is unharmed."""
+    good = "/default/acks"
+    producer = await clients.producer(good)
+    sub = await clients.consumer(good, "s", "c1")
+    await producer.send(b"m0")
+    got = await sub.take(1)
+    msg_id = pb.MsgID(topic_name=topic, topic_offset=0)
+    async with raw_stubs(broker.url) as raw:
+        calls = {
+            "Ack": raw.consumers.Ack(
+                pb.AckRequest(request_id=1, msg_id=msg_id, subscription_name=subscription)
+            ),
+            "Nack": raw.consumers.Nack(
+                pb.NackRequest(request_id=2, msg_id=msg_id, subscription_name=subscription)
+            ),
+        }
+        for name, call in calls.items():
+            error = await asyncio.wait_for(rpc_error(call), ANSWER)
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, error.details())
+            details = error.details() or ""
+            assert says in details and len(details) < 1000, (name, details)
+    await sub.ack_all(got)
+    await producer.send(b"m1")
+    assert offsets(await sub.take(1)) == [1]
+
+
 #: Seconds a refused request may take to be answered (it must never hang).
 ANSWER = 10.0
 TOO_LONG_KEY = "k" * 70_000  # its length does not fit the WAL frame's 16-bit field
@@ -188,9 +233,18 @@ TOO_LONG_KEY = "k" * 70_000  # its length does not fit the WAL frame's 16-bit fi
         {"routing_key": "\u20ac" * 21_846},  # 65,538 UTF-8 bytes in 21,846 characters
         {"attributes": {f"k{i}": "v" * 200_000 for i in range(64)}},  # 12.8 MB of attributes
         {"producer_name": "p" * 256},
+        {"producer_name": "p\x00x"},
         {"publish_time": 1 << 63},  # stored as a signed 64-bit integer
     ],
-    ids=["attribute key", "routing key", "routing key utf-8", "attributes", "name", "time"],
+    ids=[
+        "attribute key",
+        "routing key",
+        "routing key utf-8",
+        "attributes",
+        "name",
+        "name-nul",
+        "time",
+    ],
 )
 async def test_message_the_log_cannot_hold_is_refused_and_takes_no_offset(
     broker: Broker, fields: dict[str, object]
@@ -297,3 +351,59 @@ async def test_poison_request_leaves_a_daemon_that_stops_verifies_and_restarts(
         assert f"topic {topic}: offsets 0..2" in report and "gap" not in report
     finally:
         broker.kill()
+
+
+@pytest.mark.parametrize(
+    ("field", "says"),
+    [
+        ("producer", "producer name 'p\\x00' holds the control character U+0000 at index 1"),
+        ("consumer", "consumer name 'c\\x01' holds the control character U+0001"),
+        ("filters-count", f"{MAX_KEY_FILTERS + 1} key filters; at most {MAX_KEY_FILTERS}"),
+        ("filter-size", f"at most {MAX_KEY_FILTER_BYTES} bytes"),
+        ("filter-empty", "key filter 1 is empty"),
+    ],
+)
+async def test_control_characters_in_names_and_unbounded_key_filters_are_invalid(
+    clients: Clients, broker: Broker, etcd_server: str, etcd_prefix: str, field: str, says: str
+) -> None:
+    """A producer or consumer name holding NUL (or another control character), and KeyShared
+    key filters beyond their bounds (``MAX_KEY_FILTERS`` filters of ``MAX_KEY_FILTER_BYTES``),
+    are INVALID_ARGUMENT naming what is wrong, and create nothing."""
+    topic = "/default/t"
+    await clients.producer(topic)
+    filters: list[str] = []
+    if field == "filters-count":
+        filters = [f"k{i}-*" for i in range(MAX_KEY_FILTERS + 1)]
+    elif field == "filter-size":
+        filters = ["eu-*", "k" * (MAX_KEY_FILTER_BYTES + 1)]
+    elif field == "filter-empty":
+        filters = ["eu-*", ""]
+    async with raw_stubs(broker.url) as raw:
+        if field == "producer":
+            call = raw.producers.CreateProducer(producer_request(topic, "p\x00"))
+        else:
+            request = consumer_request(
+                topic, "s", "c\x01" if field == "consumer" else "c", SubType.KEY_SHARED
+            )
+            request.key_filters.extend(filters)
+            call = raw.consumers.Subscribe(request)
+        error = await asyncio.wait_for(rpc_error(call), ANSWER)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    details = error.details() or ""
+    assert says in details and len(details) < 1000, details
+    async with metadata(etcd_server, etcd_prefix) as records:
+        assert [c.name for c in await records.list_clients()] == ["p1"]
+        assert await records.list_subscriptions(topic) == []
+
+
+async def test_key_filters_within_the_bounds_are_accepted(broker: Broker) -> None:
+    """The most filters of the longest size a KeyShared consumer may give are accepted."""
+    topic = "/default/t"
+    async with raw_stubs(broker.url) as raw:
+        await raw.producers.CreateProducer(producer_request(topic))
+        request = consumer_request(topic, "s", "c", SubType.KEY_SHARED)
+        request.key_filters.extend(
+            [f"{i:02d}-" + "k" * (MAX_KEY_FILTER_BYTES - 4) + "*" for i in range(MAX_KEY_FILTERS)]
+        )
+        subscribed = await raw.consumers.Subscribe(request)
+    assert subscribed.consumer_id

@@ -54,6 +54,26 @@ def test_issuer_and_audience_are_checked_when_configured() -> None:
             auth.authenticate(bearer(token))
 
 
+def test_missing_aud_iss_or_exp_says_which_claim_and_what_to_do() -> None:
+    """A token without ``aud`` (or ``iss``) where one is configured is refused naming the
+    setting that requires it, not with the text about expiry."""
+    auth = authenticator(jwt={"hmac_secret": SECRET, "issuer": "idp", "audience": "danube"})
+    claims = {"sub": "a", "exp": time.time() + 60, "iss": "idp", "aud": "danube"}
+    for missing, says in (
+        ("aud", "no 'aud' claim: auth.jwt.audience requires 'danube'"),
+        ("iss", "no 'iss' claim: auth.jwt.issuer requires 'idp'"),
+        ("exp", "no 'exp' claim: tokens must expire"),
+    ):
+        token = jwt.encode(
+            {k: v for k, v in claims.items() if k != missing}, SECRET, algorithm="HS256"
+        )
+        with pytest.raises(UnauthenticatedError) as refused:
+            auth.authenticate(bearer(token))
+        assert says in str(refused.value)
+        if missing != "exp":
+            assert "expire" not in str(refused.value)
+
+
 def test_none_algorithm_is_refused() -> None:
     token = jwt.encode({"sub": "a", "exp": time.time() + 60}, None, algorithm="none")
     with pytest.raises(UnauthenticatedError, match="not accepted"):
