@@ -38,12 +38,11 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextvars import Context
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, cast
+from typing import cast
 
 from danube_ingest.errors import (
     DuplicateSequenceError,
@@ -60,7 +59,12 @@ from danube_ingest.observability.metrics import (
     WAL_GROUP_BYTES,
     WAL_GROUP_MESSAGES,
 )
+from danube_ingest.wal.backend import Backend, Chunk, LogSink, chunk_bytes
+from danube_ingest.wal.backend import DurableCallback as DurableCallback
+from danube_ingest.wal.backend import FsyncMode as FsyncMode
+from danube_ingest.wal.backend import Group as Group
 from danube_ingest.wal.block import BlockEntries, EntryBlock
+from danube_ingest.wal.completion import Completion
 from danube_ingest.wal.framing import (
     MAX_ENTRY_BODY,
     Entry,
@@ -81,8 +85,6 @@ from danube_ingest.wal.space import DiskFree, disk_free
 from danube_ingest.wal.synclog import open_sync_log
 
 log = logging.getLogger(__name__)
-
-FsyncMode = Literal["always", "never"]
 
 #: Entries of one topic staged in one tick are cut into frames of about this many payload
 #: bytes: small enough that a catch-up reader decodes little it does not need, large enough
@@ -116,14 +118,6 @@ _QUIET_FLOOR = 50e-6
 #: cheaper than many tiny iovecs and keeps under IOV_MAX.
 _WRITEV_MAX_PIECES = 64
 
-#: A group of one topic's entries written in one MESSAGES frame: (topic, entries, encoded
-#: bytes of the frame, the parts of its body). A TIME marker appears as
-#: (topic, [], next offset after the marker, None).
-Group = tuple[TopicMeta, Sequence[Entry], int, Sequence[bytes] | None]
-
-#: Called with the groups of a commit once they are durable, in offset order.
-DurableCallback = Callable[[list[Group]], None]
-
 
 @dataclass(frozen=True, slots=True)
 class StagedBlock:
@@ -148,135 +142,13 @@ class Sealed:
     """The file, or None in memory mode."""
 
 
-class _Batch:
-    """The completion of one chunk, awaited by every append staged in it.
-
-    It speaks asyncio's future protocol (``_asyncio_future_blocking``, done callbacks), so tasks
-    can await it, but completing it runs the waiting tasks' wake-ups directly instead of
-    scheduling one loop callback per waiter: with a thousand appenders that halves the cost of
-    a commit. It is only ever completed from a plain event loop callback, never from a task.
-
-    Cancelling one awaiting task must not cancel the batch for the others: ``cancel`` refuses,
-    so a cancelled task receives its CancelledError once the batch completes.
-    """
-
-    __slots__ = ("_asyncio_future_blocking", "_callbacks", "_done", "_exception", "_loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._callbacks: list[tuple[Callable[[_Batch], object], Context | None]] = []
-        self._done = False
-        self._exception: BaseException | None = None
-        self._asyncio_future_blocking = False
-
-    def get_loop(self) -> asyncio.AbstractEventLoop:
-        return self._loop
-
-    def add_done_callback(
-        self, fn: Callable[[_Batch], object], *, context: Context | None = None
-    ) -> None:
-        if self._done:
-            self._loop.call_soon(fn, self, context=context)
-        else:
-            self._callbacks.append((fn, context))
-
-    def remove_done_callback(self, fn: Callable[[_Batch], object]) -> int:
-        before = len(self._callbacks)
-        self._callbacks = [cb for cb in self._callbacks if cb[0] != fn]
-        return before - len(self._callbacks)
-
-    def cancel(self, msg: object = None) -> bool:
-        return False
-
-    def cancelled(self) -> bool:
-        return False
-
-    def done(self) -> bool:
-        return self._done
-
-    def result(self) -> None:
-        if not self._done:
-            raise asyncio.InvalidStateError("batch is not complete")
-        if self._exception is not None:
-            raise self._exception
-
-    def exception(self) -> BaseException | None:
-        if not self._done:
-            raise asyncio.InvalidStateError("batch is not complete")
-        return self._exception
-
-    def __await__(self) -> Generator[_Batch, None, None]:
-        if not self._done:
-            self._asyncio_future_blocking = True
-            yield self
-        if self._exception is not None:
-            raise self._exception
-
-    __iter__ = __await__
-
-    def _complete(self, exception: BaseException | None = None) -> None:
-        if self._done:
-            return
-        self._done = True
-        self._exception = exception
-        callbacks = self._callbacks
-        self._callbacks = []
-        for fn, context in callbacks:
-            try:
-                if context is None:
-                    fn(self)
-                else:
-                    context.run(fn, self)
-            except Exception as exc:  # a foreign callback must not break the commit path
-                self._loop.call_exception_handler(
-                    {"message": "exception in WAL batch callback", "exception": exc}
-                )
-
-
-class _Chunk:
-    """Frames handed from the sequencer to the writer in one piece."""
-
-    __slots__ = (
-        "end",
-        "future",
-        "groups",
-        "handed",
-        "pieces",
-        "rotate_to",
-        "seal",
-        "seal_waiters",
-        "seq",
-    )
-
-    def __init__(self, future: _Batch | None) -> None:
-        self.future = future
-        self.handed = time.monotonic()  # for danube_ingest_wal_append_seconds
-        self.pieces: list[bytes] = []
-        self.groups: list[Group] = []
-        self.seq = -1
-        self.end = 0
-        self.rotate_to: int | None = None
-        self.seal: Snapshot | None = None
-        #: Futures completed once ``seal`` is written (``adopt_producers``).
-        self.seal_waiters: list[asyncio.Future[None]] = []
-
-
-class _Backend(Protocol):
-    def start(self, log: RegionLog) -> None: ...
-    def submit(self, chunk: _Chunk) -> None: ...
-    async def read(self, seq: int, start: int, size: int) -> bytes: ...
-    async def close(self) -> None: ...
-    def delete(self, seq: int) -> asyncio.Future[None]: ...
-    async def removed(self) -> None: ...
-
-
 class RegionLog:
     """A region's write-ahead log. Create with :meth:`open`; use from one event loop."""
 
     def __init__(
         self,
         region: str,
-        backend: _Backend,
+        backend: Backend,
         state: RegionState,
         *,
         region_dir: Path | None,
@@ -312,7 +184,7 @@ class RegionLog:
         self._pending: dict[TopicMeta, list[Entry]] = {}
         self._pending_bytes = 0
         self._pending_markers: list[TopicMeta] = []
-        self._pending_future: _Batch | None = None
+        self._pending_future: Completion | None = None
         self._handoff_handle: asyncio.Handle | None = None
         self._batch_ms = 0
         self._pending_count = 0
@@ -326,7 +198,6 @@ class RegionLog:
         self._segment_has_data = False
         self._age_timer: asyncio.TimerHandle | None = None
         self._snapshot_tasks: set[asyncio.Future[None]] = set()
-        self._snapshot_lock = threading.Lock()
         #: Waiters for a snapshot at the next seal, whatever SNAPSHOT_MIN_INTERVAL says.
         self._snapshot_waiters: list[asyncio.Future[None]] = []
         self._recovered = state
@@ -357,12 +228,10 @@ class RegionLog:
         appends go to a new segment. A segment's blocks are preallocated only while that leaves
         ``min_free_bytes`` free (as ``free_space`` measures; see :mod:`danube_ingest.wal.space`).
         """
+        backend: Backend
         if region_dir is None:
-            state = RegionState()
-            backend: _Backend = _MemoryBackend()
+            backend = _MemoryBackend()
         else:
-            region_dir.mkdir(parents=True, exist_ok=True)
-            state = await asyncio.to_thread(recover_region, region_dir, index_interval)
             backend = _FileBackend(
                 region_dir,
                 fsync=fsync,
@@ -373,6 +242,7 @@ class RegionLog:
                 min_free_bytes=min_free_bytes,
                 free_space=free_space,
             )
+        state = await backend.recover(index_interval)
         wal = cls(
             region,
             backend,
@@ -385,13 +255,18 @@ class RegionLog:
             snapshot_on_seal=snapshot_on_seal,
         )
         backend.start(wal)
-        first = _Chunk(None)
+        first = Chunk(None)
         wal._rotate(first)
         first.seq = wal._seq
         first.end = wal._position
         backend.submit(first)
         wal._schedule_age_check()
         return wal
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this log runs on (and reports completions on)."""
+        return self._loop
 
     @property
     def recovered(self) -> RegionState:
@@ -417,7 +292,7 @@ class RegionLog:
             self._topics[name] = topic
         return topic
 
-    def drop_topic(self, name: str) -> _Batch | None:
+    def drop_topic(self, name: str) -> Completion | None:
         """Forget the topic (it was deleted); ``None`` if the region does not know it.
 
         From the call on, the name is a new, empty topic (the next entry of it gets offset 0
@@ -470,11 +345,11 @@ class RegionLog:
         if self._closed:
             raise WalClosedError(f"region {self.region} is closed")
 
-    def _future(self) -> _Batch:
+    def _future(self) -> Completion:
         fut = self._pending_future
         if fut is None:
             self._check_open()
-            fut = self._pending_future = _Batch(self._loop)
+            fut = self._pending_future = Completion(self._loop)
             # Entries staged in one event loop iteration share an ingest time: the moment their
             # batch opened (microseconds apart; it saves a clock read per entry).
             self._batch_ms = int(time.time() * 1000)
@@ -494,7 +369,7 @@ class RegionLog:
         except InvalidEntryError as exc:
             raise InvalidEntryError(f"entry for topic {name} cannot be stored: {exc}") from None
 
-    def stage(self, name: str, entry: Entry) -> _Batch:
+    def stage(self, name: str, entry: Entry) -> Completion:
         """Assign ``entry`` its offset and ingest time; the future completes once it is durable.
 
         Raises ``PayloadTooLargeError`` or ``InvalidEntryError`` (the entry gets no offset).
@@ -533,7 +408,7 @@ class RegionLog:
             handle.cancel()
         self._handoff()
 
-    def stage_batch(self, name: str, entries: Sequence[Entry]) -> _Batch:
+    def stage_batch(self, name: str, entries: Sequence[Entry]) -> Completion:
         """Stage several entries of one topic; one future for all of them.
 
         All or nothing: if one entry is refused (``PayloadTooLargeError``,
@@ -589,19 +464,19 @@ class RegionLog:
                     return duplicate
         if self._pending_future is not None:
             self._handoff_now()  # entries staged before this block are framed before it
-        batch = _Batch(self._loop)
+        batch = Completion(self._loop)
         now = max(int(time.time() * 1000), topic.last_ingest_ms)
         topic.last_ingest_ms = now
         offset = topic.next_offset
         offsets = range(offset, offset + block.count)
         block.stamp(now, producer_id, sequence)
         topic.next_offset = offsets.stop
-        chunk = _Chunk(batch)
+        chunk = Chunk(batch)
         try:
             self._frame_block(chunk, topic, BlockEntries(block, offset), now)
         except Exception as exc:
             log.exception("wal framing failed region=%s", self.region)
-            self._failed(exc, [chunk])
+            self.chunks_failed(exc, [chunk])
             return StagedBlock(batch, offsets, False)
         if producer_id:
             topic.note_producer_batch(
@@ -612,7 +487,7 @@ class RegionLog:
 
     def stage_time_marker(
         self, name: str, *, min_next_offset: int = 0, min_ingest_ms: int = 0
-    ) -> _Batch:
+    ) -> Completion:
         """Durably record that ``name`` will get no entry with an ingest time below now (nor
         below ``min_ingest_ms``: a floor a previous owner's clock set).
 
@@ -639,7 +514,7 @@ class RegionLog:
         marked failed and every waiter of the chunk gets the error (an offset was assigned
         that will never be written: nothing after it may be).
         """
-        chunk = _Chunk(self._pending_future)
+        chunk = Chunk(self._pending_future)
         pending = self._pending
         markers = self._pending_markers
         drops = self._pending_drops
@@ -658,13 +533,13 @@ class RegionLog:
             self._frame_chunk(chunk, pending, markers, pending_bytes, drops)
         except Exception as exc:
             log.exception("wal framing failed region=%s", self.region)
-            self._failed(exc, [chunk])
+            self.chunks_failed(exc, [chunk])
             return
         self._backend.submit(chunk)
 
     def _frame_chunk(
         self,
-        chunk: _Chunk,
+        chunk: Chunk,
         pending: dict[TopicMeta, list[Entry]],
         markers: list[TopicMeta],
         pending_bytes: int,
@@ -732,7 +607,7 @@ class RegionLog:
         self._position = position
 
     def _frame_block(
-        self, chunk: _Chunk, topic: TopicMeta, entries: BlockEntries, ingest_ms: int
+        self, chunk: Chunk, topic: TopicMeta, entries: BlockEntries, ingest_ms: int
     ) -> None:
         """Frame one staged block into ``chunk``: a MESSAGES frame whose body is the batch
         header and the block as it is (no entry is re-encoded)."""
@@ -770,7 +645,7 @@ class RegionLog:
         self._position = position
 
     def _rotate(
-        self, chunk: _Chunk, unframed: Mapping[TopicMeta, Sequence[Entry]] | None = None
+        self, chunk: Chunk, unframed: Mapping[TopicMeta, Sequence[Entry]] | None = None
     ) -> None:
         """Seal the active segment (if any) and start the next one with ``chunk``."""
         now = time.monotonic()
@@ -836,7 +711,10 @@ class RegionLog:
 
     # -- completion (event loop side, called by the backend) -------------------------------
 
-    def _written(self, chunks: list[_Chunk], sealed: tuple[int, int] | None) -> None:
+    def chunks_written(self, chunks: list[Chunk], sealed: tuple[int, int] | None) -> None:
+        """The backend's report: ``chunks`` are durable (``sealed``: a segment sealed before
+        them). Records their sizes, moves each topic's high watermark, calls ``on_durable``
+        and completes the chunks' waiters, in offset order."""
         if sealed is not None:
             self._sealed(*sealed)
         snapshot = chunks[0].seal
@@ -862,7 +740,7 @@ class RegionLog:
                 on_durable(groups)
             future = chunk.future
             if future is not None:
-                future._complete()
+                future.complete()
 
     def _sealed(self, seq: int, size: int) -> None:
         self.sealed.add(seq)
@@ -875,18 +753,8 @@ class RegionLog:
     async def _write_snapshot(
         self, snapshot: Snapshot, waiters: Sequence[asyncio.Future[None]] = ()
     ) -> None:
-        assert self.region_dir is not None
-        region_dir = self.region_dir
-
-        def write() -> None:
-            with self._snapshot_lock:
-                write_snapshot(region_dir, snapshot)
-
-        # A snapshot that no longer lists a deleted segment must not be durable before the
-        # segment's removal is: a restart would find its file with nothing pointing into it.
-        await self._backend.removed()
         try:
-            await asyncio.to_thread(write)
+            await self._backend.snapshot(snapshot)
         except OSError as exc:
             # The snapshot only shortens recovery; segments remain the source of truth
             # (except for adopted producer tables: their waiters get the error).
@@ -900,14 +768,14 @@ class RegionLog:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _failed(self, exc: BaseException, chunks: list[_Chunk]) -> None:
+    def chunks_failed(self, exc: BaseException, chunks: list[Chunk]) -> None:
         """Mark the log failed (the first failure is kept) and fail ``chunks``' waiters."""
         if self._error is None:
             self._error = exc
             log.error("wal failed region=%s error=%r", self.region, exc)
         self._fail_chunks(chunks, exc)
 
-    def _fail_chunks(self, chunks: list[_Chunk], exc: BaseException) -> None:
+    def _fail_chunks(self, chunks: list[Chunk], exc: BaseException) -> None:
         error = WalFailedError(f"region {self.region}: write failed: {exc}")
         for chunk in chunks:
             for waiter in chunk.seal_waiters:
@@ -915,8 +783,8 @@ class RegionLog:
             future = chunk.future
             if future is not None:
                 # Via the loop: this can run inside a task (close(), a full chunk handed over
-                # by stage()), and a _Batch must not wake its waiters from inside a task.
-                self._loop.call_soon(future._complete, error)
+                # by stage()), and a Completion must not wake its waiters from inside a task.
+                self._loop.call_soon(future.complete, error)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -1078,12 +946,15 @@ class _MemoryBackend:
     def __init__(self) -> None:
         self._segments: dict[int, bytearray] = {}
         self._active = -1
-        self._log: RegionLog | None = None
+        self._log: LogSink | None = None
 
-    def start(self, log: RegionLog) -> None:
-        self._log = log
+    async def recover(self, index_interval: int) -> RegionState:
+        return RegionState()  # nothing survives a restart
 
-    def submit(self, chunk: _Chunk) -> None:
+    def start(self, sink: LogSink) -> None:
+        self._log = sink
+
+    def submit(self, chunk: Chunk) -> None:
         assert self._log is not None
         sealed = None
         if chunk.rotate_to is not None:
@@ -1094,7 +965,7 @@ class _MemoryBackend:
         buf = self._segments[self._active]
         for piece in chunk.pieces:
             buf += piece
-        self._log._loop.call_soon(self._log._written, [chunk], sealed)
+        self._log.loop.call_soon(self._log.chunks_written, [chunk], sealed)
 
     async def read(self, seq: int, start: int, size: int) -> bytes:
         return bytes(self._segments[seq][start : start + size])
@@ -1107,6 +978,9 @@ class _MemoryBackend:
 
     async def removed(self) -> None:
         return None
+
+    async def snapshot(self, snapshot: Snapshot) -> None:
+        return None  # nothing survives a restart: there is nothing to shorten
 
     async def close(self) -> None:
         return None
@@ -1143,7 +1017,7 @@ class _FileBackend:
         self._in_io = False
         self._arrived_during_io = 0
         self._max_batch = max_batch_bytes
-        self._queue: deque[_Chunk] = deque()
+        self._queue: deque[Chunk] = deque()
         self._cond = threading.Condition()
         self._stopping = False
         self._failure: BaseException | None = None
@@ -1154,7 +1028,8 @@ class _FileBackend:
         # "never"): what a failed write or fdatasync cuts the segment back to.
         self._acked_size = 0
         self._thread: threading.Thread | None = None
-        self._log: RegionLog | None = None
+        self._log: LogSink | None = None
+        self._snapshot_lock = threading.Lock()
         self._read_fds: dict[int, int] = {}
         #: Segment removals under way in worker threads (delete()).
         self._removals: set[asyncio.Future[None]] = set()
@@ -1166,14 +1041,19 @@ class _FileBackend:
         # Fault tests only (DANUBE_TEST_SYNC_LOG): the synced length of each segment.
         self._sync_log = open_sync_log()
 
-    def start(self, log: RegionLog) -> None:
-        self._log = log
+    async def recover(self, index_interval: int) -> RegionState:
+        """Recover the region directory (created if missing) in a worker thread."""
+        self._dir.mkdir(parents=True, exist_ok=True)
+        return await asyncio.to_thread(recover_region, self._dir, index_interval)
+
+    def start(self, sink: LogSink) -> None:
+        self._log = sink
         self._thread = threading.Thread(
-            target=self._run, name=f"wal-writer-{log.region}", daemon=True
+            target=self._run, name=f"wal-writer-{sink.region}", daemon=True
         )
         self._thread.start()
 
-    def submit(self, chunk: _Chunk) -> None:
+    def submit(self, chunk: Chunk) -> None:
         with self._cond:
             failure = self._failure
             if failure is None:
@@ -1189,9 +1069,9 @@ class _FileBackend:
                     self._gap += ((gap if gap < _GAP_CAP else _GAP_CAP) - self._gap) * _GAP_WEIGHT
         if failure is not None:
             assert self._log is not None
-            self._log._failed(failure, [chunk])
+            self._log.chunks_failed(failure, [chunk])
 
-    def _take(self) -> list[_Chunk] | None:
+    def _take(self) -> list[Chunk] | None:
         """Wait for chunks; return a group that fits ``max_batch_bytes`` (at least one)."""
         with self._cond:
             # Chunks arrived while the previous group was written and synced (the count stops
@@ -1205,7 +1085,7 @@ class _FileBackend:
             if self._interval > 0 and not self._stopping:
                 deadline = time.monotonic() + self._interval
                 while not self._stopping:
-                    pending = sum(_chunk_bytes(c) for c in self._queue)
+                    pending = sum(chunk_bytes(c) for c in self._queue)
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or pending >= self._max_batch:
                         break
@@ -1213,10 +1093,10 @@ class _FileBackend:
             elif streaming and self._linger > 0 and not self._stopping:
                 self._linger_for_more()
             queue = self._queue
-            size = _chunk_bytes(queue[0])  # before popping: a chunk is never only held here
+            size = chunk_bytes(queue[0])  # before popping: a chunk is never only held here
             group = [queue.popleft()]
             while queue and queue[0].rotate_to is None:
-                nxt = _chunk_bytes(queue[0])
+                nxt = chunk_bytes(queue[0])
                 if size + nxt > self._max_batch:
                     break
                 group.append(queue.popleft())
@@ -1248,7 +1128,7 @@ class _FileBackend:
         count = len(queue)
         pending = 0
         for chunk in queue:
-            pending += _chunk_bytes(chunk)
+            pending += chunk_bytes(chunk)
         while pending < LINGER_TARGET_BYTES and not self._stopping:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -1257,7 +1137,7 @@ class _FileBackend:
             if len(queue) == count:
                 return
             for i in range(count, len(queue)):
-                pending += _chunk_bytes(queue[i])
+                pending += chunk_bytes(queue[i])
             count = len(queue)
 
     def _run(self) -> None:
@@ -1272,7 +1152,7 @@ class _FileBackend:
             with contextlib.suppress(Exception):
                 self._close_active()
 
-    def _die(self, exc: BaseException, group: list[_Chunk]) -> None:
+    def _die(self, exc: BaseException, group: list[Chunk]) -> None:
         """Stop taking chunks; fail ``group`` and everything queued, on the event loop."""
         wal = self._log
         assert wal is not None
@@ -1282,12 +1162,12 @@ class _FileBackend:
             self._stopping = True
             self._failure = exc
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            wal._loop.call_soon_threadsafe(wal._failed, exc, group + rest)
+            wal.loop.call_soon_threadsafe(wal.chunks_failed, exc, group + rest)
 
     def _write_loop(self) -> None:
         log = self._log
         assert log is not None
-        loop = log._loop
+        loop = log.loop
         while True:
             group = self._take()
             if group is None:
@@ -1314,7 +1194,7 @@ class _FileBackend:
             # next appends, which waited for it, and must not count as a stream.
             self._in_io = False
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(log._written, group, sealed)
+                loop.call_soon_threadsafe(log.chunks_written, group, sealed)
         self._close_active()
 
     def _open_segment(self, seq: int) -> tuple[int, int] | None:
@@ -1494,6 +1374,18 @@ class _FileBackend:
         if self._removals:
             await asyncio.wait(list(self._removals))
 
+    async def snapshot(self, snapshot: Snapshot) -> None:
+        region_dir = self._dir
+
+        def write() -> None:
+            with self._snapshot_lock:
+                write_snapshot(region_dir, snapshot)
+
+        # A snapshot that no longer lists a deleted segment must not be durable before the
+        # segment's removal is: a restart would find its file with nothing pointing into it.
+        await self.removed()
+        await asyncio.to_thread(write)
+
     async def close(self) -> None:
         with self._cond:
             self._stopping = True
@@ -1565,23 +1457,16 @@ def _spare_seq(spare: Future[int | None]) -> int | None:
         return None
 
 
-def _observe_group(group: list[_Chunk]) -> None:
+def _observe_group(group: list[Chunk]) -> None:
     """Record a durable group commit in the WAL metrics (writer thread; a few µs per group)."""
     done = time.monotonic()
     nbytes = 0
     messages = 0
     for chunk in group:
         WAL_APPEND_SECONDS.observe(done - chunk.handed)
-        nbytes += _chunk_bytes(chunk)
+        nbytes += chunk_bytes(chunk)
         for entry_group in chunk.groups:
             messages += len(entry_group[1])
     WAL_APPENDED_BYTES.inc(nbytes)
     WAL_GROUP_BYTES.observe(nbytes)
     WAL_GROUP_MESSAGES.observe(messages)
-
-
-def _chunk_bytes(chunk: _Chunk) -> int:
-    total = 0
-    for piece in chunk.pieces:
-        total += len(piece)
-    return total

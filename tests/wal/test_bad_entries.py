@@ -155,7 +155,7 @@ async def test_writer_thread_death_answers_every_waiter_and_close_returns(
     def die(chunk: object) -> int:
         raise RuntimeError("injected writer death")
 
-    monkeypatch.setattr(wal_log, "_chunk_bytes", die)
+    monkeypatch.setattr(wal_log, "chunk_bytes", die)
     waiters = [log.stage(TOPIC, Entry(b"a")), log.stage("/ns/u", Entry(b"b"))]
     results = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), ANSWER)
     assert all(isinstance(r, WalFailedError) for r in results), results
