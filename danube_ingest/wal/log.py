@@ -78,6 +78,7 @@ from danube_ingest.wal.framing import (
     time_frame,
     topic_frame,
 )
+from danube_ingest.wal.memory import MemoryBackend
 from danube_ingest.wal.meta import ProducerBatch, Snapshot, TopicMeta, fsync_dir, write_snapshot
 from danube_ingest.wal.recovery import RegionState, recover_region
 from danube_ingest.wal.segment import segment_path
@@ -230,7 +231,7 @@ class RegionLog:
         """
         backend: Backend
         if region_dir is None:
-            backend = _MemoryBackend()
+            backend = MemoryBackend()
         else:
             backend = _FileBackend(
                 region_dir,
@@ -938,52 +939,6 @@ def _split(entries: list[Entry], target: int) -> list[list[Entry]]:
     if group:
         groups.append(group)
     return groups
-
-
-class _MemoryBackend:
-    """Segments in memory: same sequencing, framing and reads as files, no disk."""
-
-    def __init__(self) -> None:
-        self._segments: dict[int, bytearray] = {}
-        self._active = -1
-        self._log: LogSink | None = None
-
-    async def recover(self, index_interval: int) -> RegionState:
-        return RegionState()  # nothing survives a restart
-
-    def start(self, sink: LogSink) -> None:
-        self._log = sink
-
-    def submit(self, chunk: Chunk) -> None:
-        assert self._log is not None
-        sealed = None
-        if chunk.rotate_to is not None:
-            if self._active >= 0:
-                sealed = (self._active, len(self._segments[self._active]))
-            self._active = chunk.rotate_to
-            self._segments[self._active] = bytearray()
-        buf = self._segments[self._active]
-        for piece in chunk.pieces:
-            buf += piece
-        self._log.loop.call_soon(self._log.chunks_written, [chunk], sealed)
-
-    async def read(self, seq: int, start: int, size: int) -> bytes:
-        return bytes(self._segments[seq][start : start + size])
-
-    def delete(self, seq: int) -> asyncio.Future[None]:
-        self._segments.pop(seq, None)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
-
-    async def removed(self) -> None:
-        return None
-
-    async def snapshot(self, snapshot: Snapshot) -> None:
-        return None  # nothing survives a restart: there is nothing to shorten
-
-    async def close(self) -> None:
-        return None
 
 
 class _FileBackend:
