@@ -135,8 +135,8 @@ class Backend(Protocol):
 
     def submit(self, chunk: Chunk) -> None:
         """Store ``chunk`` after every chunk submitted before it (event loop thread; must not
-        block). Reported durable or failed later, through the sink, never from inside this
-        call."""
+        block). Reported durable later through the sink, never from inside this call; a
+        backend that has failed already may report the chunk failed at once."""
         ...
 
     async def read(self, seq: int, start: int, size: int) -> bytes:
