@@ -1,4 +1,8 @@
-"""The region write-ahead log: framing, segments, group commit, snapshots and recovery."""
+"""The region write-ahead log: framing, segments, group commit, snapshots and recovery.
+
+``log`` is the sequencer (offsets, framing, completions); ``backend`` states what a backend
+must do; ``local`` (segment files) and ``memory`` are the two backends.
+"""
 
 from danube_ingest.wal.framing import Entry, Kind
 from danube_ingest.wal.log import RegionLog, Sealed

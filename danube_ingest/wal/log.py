@@ -6,13 +6,14 @@ Guarantees:
   across restarts) and return a future that completes once the entries are durable: written and
   fdatasync'ed with ``fsync="always"``, written (in the page cache) with ``fsync="never"``.
 * Entries become visible to ``on_durable`` in offset order, before their future completes.
-* One writer thread takes every chunk handed to it, issues one write (``writev``) and one
-  ``fdatasync`` for all of them, and completes all their waiters with one wake-up of the event
-  loop. A chunk is handed over on the next event loop iteration after its first entry was
-  staged, and the writer picks it up as soon as it is idle, except that while small chunks
-  stream in quickly it waits up to ``linger_us`` for more to share the sync (a lone append never
-  waits; see ``_FileBackend._linger_for_more``), and always lingers ``fsync_interval_ms`` if
-  that is configured.
+* Staged entries are framed and handed to the backend as one chunk on the next event loop
+  iteration after the first of them was staged (or at once, after ``CHUNK_ENTRIES``). The file
+  backend's one writer thread takes every chunk handed to it, issues one write (``writev``) and
+  one ``fdatasync`` for all of them, and completes all their waiters with one wake-up of the
+  event loop, picking them up as soon as it is idle, except that while small chunks stream in
+  quickly it waits up to ``linger_us`` for more to share the sync (a lone append never waits;
+  see ``FileBackend._linger_for_more`` in :mod:`danube_ingest.wal.local.writer`), and always
+  lingers ``fsync_interval_ms`` if that is configured.
 * An entry the frame cannot hold (``framing.entry_size``), or a topic name too long for a TOPIC
   frame, is refused by ``stage``/``stage_batch`` with ``InvalidEntryError`` before it gets an
   offset: nothing is stored, no offset is used, the log goes on.
@@ -20,30 +21,24 @@ Guarantees:
   reopening runs recovery against what really is on disk. So does anything else that stops the
   sequencer's framing or kills the writer thread: every waiter gets the error at once, none hangs.
 
-Division of labour: the event loop thread is the sequencer. It assigns offsets, frames entries,
-decides rotation and so knows every frame's segment and byte position (the sparse index) before
-the bytes reach the disk. The writer thread only writes bytes in order and syncs them. In
-``memory`` mode a backend with the same interface keeps segments in ``bytearray`` objects.
+Division of labour: this module is the sequencer, on the event loop thread. It assigns offsets,
+frames entries, decides rotation and so knows every frame's segment and byte position (the
+sparse index) before the bytes reach the backend. The backend (the contract:
+:mod:`danube_ingest.wal.backend`) only stores bytes in order and reports them durable:
+:class:`~danube_ingest.wal.local.FileBackend` in segment files (a region directory),
+:class:`~danube_ingest.wal.memory.MemoryBackend` in ``bytearray`` objects (``region_dir=None``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import logging
-import os
-import sys
-import threading
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextvars import Context
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, cast
+from typing import cast
 
 from danube_ingest.errors import (
     DuplicateSequenceError,
@@ -53,14 +48,12 @@ from danube_ingest.errors import (
     WalClosedError,
     WalFailedError,
 )
-from danube_ingest.observability.metrics import (
-    WAL_APPEND_SECONDS,
-    WAL_APPENDED_BYTES,
-    WAL_FSYNC_SECONDS,
-    WAL_GROUP_BYTES,
-    WAL_GROUP_MESSAGES,
-)
+from danube_ingest.wal.backend import Backend, Chunk
+from danube_ingest.wal.backend import DurableCallback as DurableCallback
+from danube_ingest.wal.backend import FsyncMode as FsyncMode
+from danube_ingest.wal.backend import Group as Group
 from danube_ingest.wal.block import BlockEntries, EntryBlock
+from danube_ingest.wal.completion import Completion
 from danube_ingest.wal.framing import (
     MAX_ENTRY_BODY,
     Entry,
@@ -74,15 +67,14 @@ from danube_ingest.wal.framing import (
     time_frame,
     topic_frame,
 )
-from danube_ingest.wal.meta import ProducerBatch, Snapshot, TopicMeta, fsync_dir, write_snapshot
-from danube_ingest.wal.recovery import RegionState, recover_region
+from danube_ingest.wal.local import FileBackend
+from danube_ingest.wal.memory import MemoryBackend
+from danube_ingest.wal.meta import ProducerBatch, Snapshot, TopicMeta
+from danube_ingest.wal.recovery import RegionState
 from danube_ingest.wal.segment import segment_path
 from danube_ingest.wal.space import DiskFree, disk_free
-from danube_ingest.wal.synclog import open_sync_log
 
 log = logging.getLogger(__name__)
-
-FsyncMode = Literal["always", "never"]
 
 #: Entries of one topic staged in one tick are cut into frames of about this many payload
 #: bytes: small enough that a catch-up reader decodes little it does not need, large enough
@@ -98,31 +90,8 @@ SNAPSHOT_MIN_INTERVAL = 1.0
 #: end of the event loop iteration, so the writer syncs one chunk while the next is staged.
 CHUNK_ENTRIES = 256
 #: Default most time (µs) the writer waits for more appends to join a group of small ones (the
-#: adaptive linger, ``_FileBackend._linger_for_more``).
+#: adaptive linger, ``FileBackend._linger_for_more``).
 DEFAULT_LINGER_US = 1000
-#: Adaptive linger (``linger_us``): the writer waits for more chunks only while the group it
-#: is about to write is smaller than this (a bigger write amortises its fdatasync already) ...
-LINGER_TARGET_BYTES = 64 * 1024
-#: ... and only while chunks arrive at least this many times faster than the linger lasts.
-LINGER_MIN_ARRIVALS = 2
-#: Weight of the newest gap between two handed-over chunks in their moving average.
-_GAP_WEIGHT = 0.25
-#: Gaps are counted as at most this long (seconds), so the average recovers quickly from idleness.
-_GAP_CAP = 0.1
-#: Least time (seconds) the lingering writer sleeps between two looks at the queue, so that a
-#: tiny average gap cannot turn the wait into a busy loop.
-_QUIET_FLOOR = 50e-6
-#: Fewer iovecs than this are written with writev (no copy); more are joined first, which is
-#: cheaper than many tiny iovecs and keeps under IOV_MAX.
-_WRITEV_MAX_PIECES = 64
-
-#: A group of one topic's entries written in one MESSAGES frame: (topic, entries, encoded
-#: bytes of the frame, the parts of its body). A TIME marker appears as
-#: (topic, [], next offset after the marker, None).
-Group = tuple[TopicMeta, Sequence[Entry], int, Sequence[bytes] | None]
-
-#: Called with the groups of a commit once they are durable, in offset order.
-DurableCallback = Callable[[list[Group]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,135 +117,13 @@ class Sealed:
     """The file, or None in memory mode."""
 
 
-class _Batch:
-    """The completion of one chunk, awaited by every append staged in it.
-
-    It speaks asyncio's future protocol (``_asyncio_future_blocking``, done callbacks), so tasks
-    can await it, but completing it runs the waiting tasks' wake-ups directly instead of
-    scheduling one loop callback per waiter: with a thousand appenders that halves the cost of
-    a commit. It is only ever completed from a plain event loop callback, never from a task.
-
-    Cancelling one awaiting task must not cancel the batch for the others: ``cancel`` refuses,
-    so a cancelled task receives its CancelledError once the batch completes.
-    """
-
-    __slots__ = ("_asyncio_future_blocking", "_callbacks", "_done", "_exception", "_loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._callbacks: list[tuple[Callable[[_Batch], object], Context | None]] = []
-        self._done = False
-        self._exception: BaseException | None = None
-        self._asyncio_future_blocking = False
-
-    def get_loop(self) -> asyncio.AbstractEventLoop:
-        return self._loop
-
-    def add_done_callback(
-        self, fn: Callable[[_Batch], object], *, context: Context | None = None
-    ) -> None:
-        if self._done:
-            self._loop.call_soon(fn, self, context=context)
-        else:
-            self._callbacks.append((fn, context))
-
-    def remove_done_callback(self, fn: Callable[[_Batch], object]) -> int:
-        before = len(self._callbacks)
-        self._callbacks = [cb for cb in self._callbacks if cb[0] != fn]
-        return before - len(self._callbacks)
-
-    def cancel(self, msg: object = None) -> bool:
-        return False
-
-    def cancelled(self) -> bool:
-        return False
-
-    def done(self) -> bool:
-        return self._done
-
-    def result(self) -> None:
-        if not self._done:
-            raise asyncio.InvalidStateError("batch is not complete")
-        if self._exception is not None:
-            raise self._exception
-
-    def exception(self) -> BaseException | None:
-        if not self._done:
-            raise asyncio.InvalidStateError("batch is not complete")
-        return self._exception
-
-    def __await__(self) -> Generator[_Batch, None, None]:
-        if not self._done:
-            self._asyncio_future_blocking = True
-            yield self
-        if self._exception is not None:
-            raise self._exception
-
-    __iter__ = __await__
-
-    def _complete(self, exception: BaseException | None = None) -> None:
-        if self._done:
-            return
-        self._done = True
-        self._exception = exception
-        callbacks = self._callbacks
-        self._callbacks = []
-        for fn, context in callbacks:
-            try:
-                if context is None:
-                    fn(self)
-                else:
-                    context.run(fn, self)
-            except Exception as exc:  # a foreign callback must not break the commit path
-                self._loop.call_exception_handler(
-                    {"message": "exception in WAL batch callback", "exception": exc}
-                )
-
-
-class _Chunk:
-    """Frames handed from the sequencer to the writer in one piece."""
-
-    __slots__ = (
-        "end",
-        "future",
-        "groups",
-        "handed",
-        "pieces",
-        "rotate_to",
-        "seal",
-        "seal_waiters",
-        "seq",
-    )
-
-    def __init__(self, future: _Batch | None) -> None:
-        self.future = future
-        self.handed = time.monotonic()  # for danube_ingest_wal_append_seconds
-        self.pieces: list[bytes] = []
-        self.groups: list[Group] = []
-        self.seq = -1
-        self.end = 0
-        self.rotate_to: int | None = None
-        self.seal: Snapshot | None = None
-        #: Futures completed once ``seal`` is written (``adopt_producers``).
-        self.seal_waiters: list[asyncio.Future[None]] = []
-
-
-class _Backend(Protocol):
-    def start(self, log: RegionLog) -> None: ...
-    def submit(self, chunk: _Chunk) -> None: ...
-    async def read(self, seq: int, start: int, size: int) -> bytes: ...
-    async def close(self) -> None: ...
-    def delete(self, seq: int) -> asyncio.Future[None]: ...
-    async def removed(self) -> None: ...
-
-
 class RegionLog:
     """A region's write-ahead log. Create with :meth:`open`; use from one event loop."""
 
     def __init__(
         self,
         region: str,
-        backend: _Backend,
+        backend: Backend,
         state: RegionState,
         *,
         region_dir: Path | None,
@@ -312,7 +159,7 @@ class RegionLog:
         self._pending: dict[TopicMeta, list[Entry]] = {}
         self._pending_bytes = 0
         self._pending_markers: list[TopicMeta] = []
-        self._pending_future: _Batch | None = None
+        self._pending_future: Completion | None = None
         self._handoff_handle: asyncio.Handle | None = None
         self._batch_ms = 0
         self._pending_count = 0
@@ -326,7 +173,6 @@ class RegionLog:
         self._segment_has_data = False
         self._age_timer: asyncio.TimerHandle | None = None
         self._snapshot_tasks: set[asyncio.Future[None]] = set()
-        self._snapshot_lock = threading.Lock()
         #: Waiters for a snapshot at the next seal, whatever SNAPSHOT_MIN_INTERVAL says.
         self._snapshot_waiters: list[asyncio.Future[None]] = []
         self._recovered = state
@@ -357,13 +203,11 @@ class RegionLog:
         appends go to a new segment. A segment's blocks are preallocated only while that leaves
         ``min_free_bytes`` free (as ``free_space`` measures; see :mod:`danube_ingest.wal.space`).
         """
+        backend: Backend
         if region_dir is None:
-            state = RegionState()
-            backend: _Backend = _MemoryBackend()
+            backend = MemoryBackend()
         else:
-            region_dir.mkdir(parents=True, exist_ok=True)
-            state = await asyncio.to_thread(recover_region, region_dir, index_interval)
-            backend = _FileBackend(
+            backend = FileBackend(
                 region_dir,
                 fsync=fsync,
                 fsync_interval=fsync_interval_ms / 1000.0,
@@ -373,6 +217,7 @@ class RegionLog:
                 min_free_bytes=min_free_bytes,
                 free_space=free_space,
             )
+        state = await backend.recover(index_interval)
         wal = cls(
             region,
             backend,
@@ -385,13 +230,18 @@ class RegionLog:
             snapshot_on_seal=snapshot_on_seal,
         )
         backend.start(wal)
-        first = _Chunk(None)
+        first = Chunk(None)
         wal._rotate(first)
         first.seq = wal._seq
         first.end = wal._position
         backend.submit(first)
         wal._schedule_age_check()
         return wal
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this log runs on (and reports completions on)."""
+        return self._loop
 
     @property
     def recovered(self) -> RegionState:
@@ -417,7 +267,7 @@ class RegionLog:
             self._topics[name] = topic
         return topic
 
-    def drop_topic(self, name: str) -> _Batch | None:
+    def drop_topic(self, name: str) -> Completion | None:
         """Forget the topic (it was deleted); ``None`` if the region does not know it.
 
         From the call on, the name is a new, empty topic (the next entry of it gets offset 0
@@ -470,11 +320,11 @@ class RegionLog:
         if self._closed:
             raise WalClosedError(f"region {self.region} is closed")
 
-    def _future(self) -> _Batch:
+    def _future(self) -> Completion:
         fut = self._pending_future
         if fut is None:
             self._check_open()
-            fut = self._pending_future = _Batch(self._loop)
+            fut = self._pending_future = Completion(self._loop)
             # Entries staged in one event loop iteration share an ingest time: the moment their
             # batch opened (microseconds apart; it saves a clock read per entry).
             self._batch_ms = int(time.time() * 1000)
@@ -494,7 +344,7 @@ class RegionLog:
         except InvalidEntryError as exc:
             raise InvalidEntryError(f"entry for topic {name} cannot be stored: {exc}") from None
 
-    def stage(self, name: str, entry: Entry) -> _Batch:
+    def stage(self, name: str, entry: Entry) -> Completion:
         """Assign ``entry`` its offset and ingest time; the future completes once it is durable.
 
         Raises ``PayloadTooLargeError`` or ``InvalidEntryError`` (the entry gets no offset).
@@ -533,7 +383,7 @@ class RegionLog:
             handle.cancel()
         self._handoff()
 
-    def stage_batch(self, name: str, entries: Sequence[Entry]) -> _Batch:
+    def stage_batch(self, name: str, entries: Sequence[Entry]) -> Completion:
         """Stage several entries of one topic; one future for all of them.
 
         All or nothing: if one entry is refused (``PayloadTooLargeError``,
@@ -589,19 +439,19 @@ class RegionLog:
                     return duplicate
         if self._pending_future is not None:
             self._handoff_now()  # entries staged before this block are framed before it
-        batch = _Batch(self._loop)
+        batch = Completion(self._loop)
         now = max(int(time.time() * 1000), topic.last_ingest_ms)
         topic.last_ingest_ms = now
         offset = topic.next_offset
         offsets = range(offset, offset + block.count)
         block.stamp(now, producer_id, sequence)
         topic.next_offset = offsets.stop
-        chunk = _Chunk(batch)
+        chunk = Chunk(batch)
         try:
             self._frame_block(chunk, topic, BlockEntries(block, offset), now)
         except Exception as exc:
             log.exception("wal framing failed region=%s", self.region)
-            self._failed(exc, [chunk])
+            self.chunks_failed(exc, [chunk])
             return StagedBlock(batch, offsets, False)
         if producer_id:
             topic.note_producer_batch(
@@ -612,7 +462,7 @@ class RegionLog:
 
     def stage_time_marker(
         self, name: str, *, min_next_offset: int = 0, min_ingest_ms: int = 0
-    ) -> _Batch:
+    ) -> Completion:
         """Durably record that ``name`` will get no entry with an ingest time below now (nor
         below ``min_ingest_ms``: a floor a previous owner's clock set).
 
@@ -639,7 +489,7 @@ class RegionLog:
         marked failed and every waiter of the chunk gets the error (an offset was assigned
         that will never be written: nothing after it may be).
         """
-        chunk = _Chunk(self._pending_future)
+        chunk = Chunk(self._pending_future)
         pending = self._pending
         markers = self._pending_markers
         drops = self._pending_drops
@@ -658,13 +508,13 @@ class RegionLog:
             self._frame_chunk(chunk, pending, markers, pending_bytes, drops)
         except Exception as exc:
             log.exception("wal framing failed region=%s", self.region)
-            self._failed(exc, [chunk])
+            self.chunks_failed(exc, [chunk])
             return
         self._backend.submit(chunk)
 
     def _frame_chunk(
         self,
-        chunk: _Chunk,
+        chunk: Chunk,
         pending: dict[TopicMeta, list[Entry]],
         markers: list[TopicMeta],
         pending_bytes: int,
@@ -732,7 +582,7 @@ class RegionLog:
         self._position = position
 
     def _frame_block(
-        self, chunk: _Chunk, topic: TopicMeta, entries: BlockEntries, ingest_ms: int
+        self, chunk: Chunk, topic: TopicMeta, entries: BlockEntries, ingest_ms: int
     ) -> None:
         """Frame one staged block into ``chunk``: a MESSAGES frame whose body is the batch
         header and the block as it is (no entry is re-encoded)."""
@@ -770,7 +620,7 @@ class RegionLog:
         self._position = position
 
     def _rotate(
-        self, chunk: _Chunk, unframed: Mapping[TopicMeta, Sequence[Entry]] | None = None
+        self, chunk: Chunk, unframed: Mapping[TopicMeta, Sequence[Entry]] | None = None
     ) -> None:
         """Seal the active segment (if any) and start the next one with ``chunk``."""
         now = time.monotonic()
@@ -836,7 +686,10 @@ class RegionLog:
 
     # -- completion (event loop side, called by the backend) -------------------------------
 
-    def _written(self, chunks: list[_Chunk], sealed: tuple[int, int] | None) -> None:
+    def chunks_written(self, chunks: list[Chunk], sealed: tuple[int, int] | None) -> None:
+        """The backend's report: ``chunks`` are durable (``sealed``: a segment sealed before
+        them). Records their sizes, moves each topic's high watermark, calls ``on_durable``
+        and completes the chunks' waiters, in offset order."""
         if sealed is not None:
             self._sealed(*sealed)
         snapshot = chunks[0].seal
@@ -862,7 +715,7 @@ class RegionLog:
                 on_durable(groups)
             future = chunk.future
             if future is not None:
-                future._complete()
+                future.complete()
 
     def _sealed(self, seq: int, size: int) -> None:
         self.sealed.add(seq)
@@ -875,18 +728,8 @@ class RegionLog:
     async def _write_snapshot(
         self, snapshot: Snapshot, waiters: Sequence[asyncio.Future[None]] = ()
     ) -> None:
-        assert self.region_dir is not None
-        region_dir = self.region_dir
-
-        def write() -> None:
-            with self._snapshot_lock:
-                write_snapshot(region_dir, snapshot)
-
-        # A snapshot that no longer lists a deleted segment must not be durable before the
-        # segment's removal is: a restart would find its file with nothing pointing into it.
-        await self._backend.removed()
         try:
-            await asyncio.to_thread(write)
+            await self._backend.snapshot(snapshot)
         except OSError as exc:
             # The snapshot only shortens recovery; segments remain the source of truth
             # (except for adopted producer tables: their waiters get the error).
@@ -900,14 +743,14 @@ class RegionLog:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _failed(self, exc: BaseException, chunks: list[_Chunk]) -> None:
+    def chunks_failed(self, exc: BaseException, chunks: list[Chunk]) -> None:
         """Mark the log failed (the first failure is kept) and fail ``chunks``' waiters."""
         if self._error is None:
             self._error = exc
             log.error("wal failed region=%s error=%r", self.region, exc)
         self._fail_chunks(chunks, exc)
 
-    def _fail_chunks(self, chunks: list[_Chunk], exc: BaseException) -> None:
+    def _fail_chunks(self, chunks: list[Chunk], exc: BaseException) -> None:
         error = WalFailedError(f"region {self.region}: write failed: {exc}")
         for chunk in chunks:
             for waiter in chunk.seal_waiters:
@@ -915,8 +758,8 @@ class RegionLog:
             future = chunk.future
             if future is not None:
                 # Via the loop: this can run inside a task (close(), a full chunk handed over
-                # by stage()), and a _Batch must not wake its waiters from inside a task.
-                self._loop.call_soon(future._complete, error)
+                # by stage()), and a Completion must not wake its waiters from inside a task.
+                self._loop.call_soon(future.complete, error)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -1070,518 +913,3 @@ def _split(entries: list[Entry], target: int) -> list[list[Entry]]:
     if group:
         groups.append(group)
     return groups
-
-
-class _MemoryBackend:
-    """Segments in memory: same sequencing, framing and reads as files, no disk."""
-
-    def __init__(self) -> None:
-        self._segments: dict[int, bytearray] = {}
-        self._active = -1
-        self._log: RegionLog | None = None
-
-    def start(self, log: RegionLog) -> None:
-        self._log = log
-
-    def submit(self, chunk: _Chunk) -> None:
-        assert self._log is not None
-        sealed = None
-        if chunk.rotate_to is not None:
-            if self._active >= 0:
-                sealed = (self._active, len(self._segments[self._active]))
-            self._active = chunk.rotate_to
-            self._segments[self._active] = bytearray()
-        buf = self._segments[self._active]
-        for piece in chunk.pieces:
-            buf += piece
-        self._log._loop.call_soon(self._log._written, [chunk], sealed)
-
-    async def read(self, seq: int, start: int, size: int) -> bytes:
-        return bytes(self._segments[seq][start : start + size])
-
-    def delete(self, seq: int) -> asyncio.Future[None]:
-        self._segments.pop(seq, None)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
-
-    async def removed(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-
-class _FileBackend:
-    """Segment files written by one thread: one write and one fdatasync per group of chunks."""
-
-    def __init__(
-        self,
-        region_dir: Path,
-        *,
-        fsync: FsyncMode,
-        fsync_interval: float,
-        max_batch_bytes: int,
-        reserve_bytes: int = 0,
-        linger: float = 0.0,
-        min_free_bytes: int = 0,
-        free_space: DiskFree = disk_free,
-    ) -> None:
-        self._dir = region_dir
-        self._reserve = reserve_bytes
-        self._min_free = min_free_bytes
-        self._free_space = free_space
-        self._fsync = fsync == "always"
-        self._interval = fsync_interval
-        self._linger = linger
-        # Moving average of the time between two chunks handed over (seconds), and when the
-        # last one was: how soon the next one is likely (see ``_linger_for_more``).
-        self._gap = _GAP_CAP
-        self._last_submit = 0.0
-        # Chunks handed over while the writer wrote and synced a group (before it announced
-        # the group durable): their appenders did not wait for that sync.
-        self._in_io = False
-        self._arrived_during_io = 0
-        self._max_batch = max_batch_bytes
-        self._queue: deque[_Chunk] = deque()
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._failure: BaseException | None = None
-        self._fd = -1
-        self._active = -1
-        self._active_size = 0
-        # Bytes of the active segment announced durable (synced, or written with fsync
-        # "never"): what a failed write or fdatasync cuts the segment back to.
-        self._acked_size = 0
-        self._thread: threading.Thread | None = None
-        self._log: RegionLog | None = None
-        self._read_fds: dict[int, int] = {}
-        #: Segment removals under way in worker threads (delete()).
-        self._removals: set[asyncio.Future[None]] = set()
-        #: Deleted segments whose file is not known to be removed yet.
-        self._unremoved: set[int] = set()
-        self._spare: Future[int | None] | None = None
-        #: One thread that creates the next segment ahead and removes deleted ones.
-        self._file_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wal-files")
-        # Fault tests only (DANUBE_TEST_SYNC_LOG): the synced length of each segment.
-        self._sync_log = open_sync_log()
-
-    def start(self, log: RegionLog) -> None:
-        self._log = log
-        self._thread = threading.Thread(
-            target=self._run, name=f"wal-writer-{log.region}", daemon=True
-        )
-        self._thread.start()
-
-    def submit(self, chunk: _Chunk) -> None:
-        with self._cond:
-            failure = self._failure
-            if failure is None:
-                self._queue.append(chunk)
-                if len(self._queue) == 1:
-                    self._cond.notify()
-                if self._linger > 0:  # what _linger_for_more decides by
-                    if self._in_io:
-                        self._arrived_during_io += 1
-                    now = time.monotonic()
-                    gap = now - self._last_submit
-                    self._last_submit = now
-                    self._gap += ((gap if gap < _GAP_CAP else _GAP_CAP) - self._gap) * _GAP_WEIGHT
-        if failure is not None:
-            assert self._log is not None
-            self._log._failed(failure, [chunk])
-
-    def _take(self) -> list[_Chunk] | None:
-        """Wait for chunks; return a group that fits ``max_batch_bytes`` (at least one)."""
-        with self._cond:
-            # Chunks arrived while the previous group was written and synced (the count stops
-            # when _run announces it), from appenders that did not wait for it: more are likely
-            # to follow (see ``_linger_for_more``).
-            streaming = self._arrived_during_io > 0
-            while not self._queue:
-                if self._stopping:
-                    return None
-                self._cond.wait()
-            if self._interval > 0 and not self._stopping:
-                deadline = time.monotonic() + self._interval
-                while not self._stopping:
-                    pending = sum(_chunk_bytes(c) for c in self._queue)
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0 or pending >= self._max_batch:
-                        break
-                    self._cond.wait(remaining)
-            elif streaming and self._linger > 0 and not self._stopping:
-                self._linger_for_more()
-            queue = self._queue
-            size = _chunk_bytes(queue[0])  # before popping: a chunk is never only held here
-            group = [queue.popleft()]
-            while queue and queue[0].rotate_to is None:
-                nxt = _chunk_bytes(queue[0])
-                if size + nxt > self._max_batch:
-                    break
-                group.append(queue.popleft())
-                size += nxt
-            self._arrived_during_io = 0
-            self._in_io = True
-            return group
-
-    def _linger_for_more(self) -> None:
-        """Wait (holding ``_cond``) while more chunks are about to join a small group.
-
-        Each write + fdatasync costs the same CPU (here ~80 µs in the kernel, plus waking this
-        thread and the event loop) whether it carries one message or a hundred, so under a
-        stream of small appends it pays to wait a little for the next ones. A lone append must
-        not wait, though, nor appenders that each wait for the previous sync before appending
-        again (they would only wait longer): the writer lingers only when chunks arrived while
-        it wrote and synced the previous group (the caller checks that) and chunks have been
-        arriving at least ``LINGER_MIN_ARRIVALS`` times per ``linger`` on average; it stops as
-        soon as no chunk arrives within twice the average gap (the stream paused: what is in
-        flight probably waits for this very sync), once the group reaches
-        ``LINGER_TARGET_BYTES``, and after ``linger`` at most.
-        """
-        gap = self._gap
-        if gap * LINGER_MIN_ARRIVALS > self._linger:
-            return
-        queue = self._queue
-        deadline = time.monotonic() + self._linger
-        quiet = max(2 * gap, _QUIET_FLOOR)
-        count = len(queue)
-        pending = 0
-        for chunk in queue:
-            pending += _chunk_bytes(chunk)
-        while pending < LINGER_TARGET_BYTES and not self._stopping:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            self._cond.wait(quiet if quiet < remaining else remaining)
-            if len(queue) == count:
-                return
-            for i in range(count, len(queue)):
-                pending += _chunk_bytes(queue[i])
-            count = len(queue)
-
-    def _run(self) -> None:
-        """The writer thread. Should it die of anything but a failed write (which
-        ``_write_loop`` handles the same way), every queued chunk fails and the log is marked
-        failed: no waiter hangs, and ``close`` still returns."""
-        try:
-            self._write_loop()
-        except BaseException as exc:
-            log.exception("wal writer died")
-            self._die(exc, [])
-            with contextlib.suppress(Exception):
-                self._close_active()
-
-    def _die(self, exc: BaseException, group: list[_Chunk]) -> None:
-        """Stop taking chunks; fail ``group`` and everything queued, on the event loop."""
-        wal = self._log
-        assert wal is not None
-        with self._cond:
-            rest = list(self._queue)
-            self._queue.clear()
-            self._stopping = True
-            self._failure = exc
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            wal._loop.call_soon_threadsafe(wal._failed, exc, group + rest)
-
-    def _write_loop(self) -> None:
-        log = self._log
-        assert log is not None
-        loop = log._loop
-        while True:
-            group = self._take()
-            if group is None:
-                break
-            try:
-                sealed = None
-                if group[0].rotate_to is not None:
-                    sealed = self._open_segment(group[0].rotate_to)
-                pieces: list[bytes] = []
-                for chunk in group:
-                    pieces.extend(chunk.pieces)
-                self._write(pieces)
-                if self._fsync:
-                    synced = time.monotonic()
-                    self._sync_active()
-                    WAL_FSYNC_SECONDS.observe(time.monotonic() - synced)
-            except BaseException as exc:
-                self._cut_back_to_acknowledged(exc)
-                self._die(exc, group)
-                break
-            self._acked_size = self._active_size
-            _observe_group(group)
-            # Before the group is announced: what arrives from now on may be its own appenders'
-            # next appends, which waited for it, and must not count as a stream.
-            self._in_io = False
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(log._written, group, sealed)
-        self._close_active()
-
-    def _open_segment(self, seq: int) -> tuple[int, int] | None:
-        """Seal the active file (sync + close) and create segment ``seq``."""
-        sealed = None
-        if self._fd >= 0:
-            self._sync_active()
-            self._close_fd()
-            sealed = (self._active, self._active_size)
-        path = segment_path(self._dir, seq)
-        spare, self._spare = self._spare, None
-        if spare is not None and _spare_seq(spare) == seq:
-            # Created (and its directory entry made durable) in the background already.
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        else:
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-            # The new file's directory entry must be durable before anything in it is
-            # acknowledged.
-            fsync_dir(self._dir)
-        self._active = seq
-        self._active_size = self._acked_size = 0
-        # Create the next segment now, off the commit path: a seal then costs no directory
-        # fsync (about 2 ms here), which matters when large appends seal every few ms.
-        self._spare = self._file_pool.submit(self._precreate_next, seq + 1)
-        return sealed
-
-    def _precreate_next(self, seq: int) -> int | None:
-        """Pre-create segment ``seq``, reserving its blocks only if ``min_free_bytes`` stay
-        free afterwards (a reservation must never be what fills the disk)."""
-        reserve = self._reserve
-        if reserve > 0 and self._min_free > 0:
-            try:
-                free = self._free_space(self._dir)
-            except OSError:
-                free = 0
-            if free - reserve < self._min_free:
-                log.info(
-                    "wal segment blocks not reserved dir=%s seq=%d free=%d min_free_bytes=%d",
-                    self._dir,
-                    seq,
-                    free,
-                    self._min_free,
-                )
-                reserve = 0
-        return _precreate(self._dir, seq, reserve)
-
-    def _write(self, pieces: list[bytes]) -> None:
-        fd = self._fd
-        if len(pieces) > _WRITEV_MAX_PIECES:
-            pieces = [b"".join(pieces)]
-        total = 0
-        for piece in pieces:
-            total += len(piece)
-        written = os.writev(fd, pieces)
-        self._active_size += written
-        if written == total:
-            return
-        # Short write (rare on regular files): finish the remainder piece by piece.
-        view = memoryview(b"".join(pieces))[written:]
-        while view:
-            n = os.write(fd, view)
-            self._active_size += n
-            view = view[n:]
-
-    def _cut_back_to_acknowledged(self, exc: BaseException) -> None:
-        """After a failed write or fdatasync: truncate the active segment to the bytes
-        already announced durable, so that no later process trusts what this group left.
-
-        After a failed ``fdatasync`` Linux may mark the pages clean while they keep the data
-        ("fsyncgate"): a restarted daemon would read the group back, and its own appends' syncs
-        would not write those pages, leaving acknowledged data behind bytes that never reach
-        the disk. The truncation is not synced (the log fails anyway; never retry an fsync that
-        failed): a crash before it reaches the disk leaves a tail that recovery cuts as torn.
-        """
-        if not isinstance(exc, OSError) or self._fd < 0:
-            return
-        try:
-            if os.fstat(self._fd).st_size > self._acked_size:
-                os.ftruncate(self._fd, self._acked_size)
-                log.warning(
-                    "wal segment cut back after a failed write path=%s length=%d error=%s",
-                    segment_path(self._dir, self._active),
-                    self._acked_size,
-                    exc,
-                )
-        except OSError as cut:
-            log.error(
-                "wal segment not cut back after a failed write path=%s length=%d error=%s",
-                segment_path(self._dir, self._active),
-                self._acked_size,
-                cut,
-            )
-
-    def _release_reserve(self) -> None:
-        """Free the blocks reserved past the data (a segment sealed early, by age, would
-        otherwise keep a whole segment's worth of disk)."""
-        if self._reserve > 0:
-            with contextlib.suppress(OSError):
-                # To its own size (not a byte less, whatever the bookkeeping says).
-                os.ftruncate(self._fd, os.fstat(self._fd).st_size)
-
-    def _sync_active(self) -> None:
-        """fdatasync the active segment, and record it in the sync log (tests) once done."""
-        os.fdatasync(self._fd)
-        if self._sync_log is not None:
-            self._sync_log.synced(segment_path(self._dir, self._active), self._active_size)
-
-    def _close_fd(self) -> None:
-        """Close the active segment's file, giving its unused reserved blocks back first."""
-        self._release_reserve()
-        os.close(self._fd)
-        self._fd = -1
-
-    def _close_active(self) -> None:
-        if self._fd >= 0:
-            if self._failure is None:  # never again after a failure (see _cut_back_...)
-                with contextlib.suppress(OSError):
-                    self._sync_active()
-            self._close_fd()
-        if self._sync_log is not None:
-            self._sync_log.close()
-            self._sync_log = None
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            seq = _spare_seq(spare)
-            if seq is not None:
-                # Never written: remove it (recovery would remove an empty newest one too).
-                with contextlib.suppress(OSError):
-                    _remove(self._dir, [seq])
-        self._file_pool.shutdown(wait=True)
-
-    def _read_fd(self, seq: int) -> int:
-        fd = self._read_fds.get(seq)
-        if fd is None:
-            fd = os.open(segment_path(self._dir, seq), os.O_RDONLY)
-            self._read_fds[seq] = fd
-        return fd
-
-    async def read(self, seq: int, start: int, size: int) -> bytes:
-        fd = self._read_fd(seq)
-        if size <= 256 * 1024:
-            return os.pread(fd, size, start)
-        # A duplicate: delete() or close() may close ``fd`` while the thread reads (and the
-        # number be reused for another file); the deleted file stays readable through it.
-        fd = os.dup(fd)
-        try:
-            return await asyncio.to_thread(os.pread, fd, size, start)
-        finally:
-            os.close(fd)
-
-    def delete(self, seq: int) -> asyncio.Future[None]:
-        fd = self._read_fds.pop(seq, None)
-        if fd is not None:
-            os.close(fd)
-        # Unlinking frees the file's blocks and the directory sync waits for a journal commit:
-        # milliseconds each, a segment at a time under full load, so not on the event loop
-        # (nor in the default executor, where it would queue behind reads). close() waits for
-        # it, so no removal outlives the log (nor its data-dir lock), and so does a snapshot
-        # (removed()). A removal that failed is tried again with the next one.
-        self._unremoved.add(seq)
-        seqs = sorted(self._unremoved)
-        removal = asyncio.get_running_loop().run_in_executor(
-            self._file_pool, _remove, self._dir, seqs
-        )
-        self._removals.add(removal)
-
-        def done(removal: asyncio.Future[None]) -> None:
-            self._removals.discard(removal)
-            if not removal.cancelled() and removal.exception() is None:
-                self._unremoved.difference_update(seqs)
-
-        removal.add_done_callback(done)
-        # Shielded: a caller that stops waiting does not make close() forget the removal.
-        return asyncio.shield(removal)
-
-    async def removed(self) -> None:
-        if self._removals:
-            await asyncio.wait(list(self._removals))
-
-    async def close(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
-        await self.removed()
-        for fd in self._read_fds.values():
-            os.close(fd)
-        self._read_fds.clear()
-
-
-def _remove(region_dir: Path, seqs: list[int]) -> None:
-    """Unlink segments ``seqs`` and make their removal durable."""
-    for seq in seqs:
-        segment_path(region_dir, seq).unlink(missing_ok=True)
-    fsync_dir(region_dir)
-
-
-def _precreate(region_dir: Path, seq: int, reserve: int = 0) -> int | None:
-    """Create empty segment ``seq`` and make its directory entry durable; None on failure
-    (the writer then creates it itself when it needs it).
-
-    Its blocks are reserved too (``reserve`` bytes, as etcd preallocates its WAL files), but
-    with ``FALLOC_FL_KEEP_SIZE``: the file stays empty, so appending and recovery work exactly
-    as without, while a large append's fdatasync no longer allocates blocks (~10-20% faster
-    for 1 MiB appends here). Filesystems without fallocate just skip this.
-    """
-    try:
-        fd = os.open(segment_path(region_dir, seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            if reserve > 0:
-                _reserve_blocks(fd, reserve)
-        finally:
-            os.close(fd)
-        fsync_dir(region_dir)
-    except OSError as exc:
-        log.warning("wal segment pre-creation failed dir=%s seq=%d error=%s", region_dir, seq, exc)
-        return None
-    return seq
-
-
-_FALLOC_FL_KEEP_SIZE = 1
-_libc: ctypes.CDLL | None = None
-
-
-def _reserve_blocks(fd: int, size: int) -> None:
-    """``fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, size)``; a no-op where that is unsupported."""
-    global _libc
-    if not sys.platform.startswith("linux"):
-        return
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        _libc.fallocate.argtypes = [
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_longlong,
-            ctypes.c_longlong,
-        ]
-    if _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, 0, size) != 0:
-        errno = ctypes.get_errno()
-        log.debug("wal segment block reservation skipped errno=%d", errno)
-
-
-def _spare_seq(spare: Future[int | None]) -> int | None:
-    try:
-        return spare.result()
-    except Exception:
-        return None
-
-
-def _observe_group(group: list[_Chunk]) -> None:
-    """Record a durable group commit in the WAL metrics (writer thread; a few µs per group)."""
-    done = time.monotonic()
-    nbytes = 0
-    messages = 0
-    for chunk in group:
-        WAL_APPEND_SECONDS.observe(done - chunk.handed)
-        nbytes += _chunk_bytes(chunk)
-        for entry_group in chunk.groups:
-            messages += len(entry_group[1])
-    WAL_APPENDED_BYTES.inc(nbytes)
-    WAL_GROUP_BYTES.observe(nbytes)
-    WAL_GROUP_MESSAGES.observe(messages)
-
-
-def _chunk_bytes(chunk: _Chunk) -> int:
-    total = 0
-    for piece in chunk.pieces:
-        total += len(piece)
-    return total

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import danube_ingest.wal.log as wal_log
+import danube_ingest.wal.local.writer as wal_writer
 from danube_ingest.config.models import RetentionConfig
 from danube_ingest.wal import Entry
 from danube_ingest.wal.segment import segment_path
@@ -86,7 +86,7 @@ async def test_a_segment_file_that_cannot_be_removed_is_reported_and_pruning_goe
     def unremovable(region_dir: Path, seqs: list[int]) -> None:
         raise OSError(errno.EIO, "Input/output error", str(segment_path(region_dir, seqs[0])))
 
-    monkeypatch.setattr(wal_log, "_remove", unremovable)
+    monkeypatch.setattr(wal_writer, "remove_segments", unremovable)
     with pytest.raises(OSError, match="Input/output error"):
         await cleaner.clean_once()
     # Forgotten by the WAL all the same, counted, and the next pass goes on from the next

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from danube_ingest.errors import InvalidEntryError, WalFailedError
 from danube_ingest.store import TopicStore
 from danube_ingest.wal import RegionLog, repair_region, verify_region
-from danube_ingest.wal import log as wal_log
 from danube_ingest.wal.framing import (
     BATCH_HEADER_SIZE,
     MAX_SHORT_FIELD,
@@ -29,6 +28,7 @@ from danube_ingest.wal.framing import (
     messages_frame,
     topic_frame,
 )
+from danube_ingest.wal.local import writer as wal_writer
 from danube_ingest.wal.segment import segment_path
 
 OpenLog = Callable[..., Awaitable[RegionLog]]
@@ -155,7 +155,7 @@ async def test_writer_thread_death_answers_every_waiter_and_close_returns(
     def die(chunk: object) -> int:
         raise RuntimeError("injected writer death")
 
-    monkeypatch.setattr(wal_log, "_chunk_bytes", die)
+    monkeypatch.setattr(wal_writer, "chunk_bytes", die)
     waiters = [log.stage(TOPIC, Entry(b"a")), log.stage("/ns/u", Entry(b"b"))]
     results = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), ANSWER)
     assert all(isinstance(r, WalFailedError) for r in results), results

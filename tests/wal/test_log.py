@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import danube_ingest.wal.local.writer as wal_writer
 import danube_ingest.wal.log as wal_log
 from danube_ingest.wal import RegionLog
 from danube_ingest.wal.framing import Entry
@@ -79,14 +80,14 @@ async def test_a_deleted_segment_is_removed_off_the_loop_and_close_waits_for_it(
     before = snapshot.read_bytes()
 
     gate, started = threading.Event(), threading.Event()
-    real_remove = wal_log._remove
+    real_remove = wal_writer.remove_segments
 
     def gated_remove(region_dir: Path, seqs: list[int]) -> None:
         started.set()
         assert gate.wait(10)
         real_remove(region_dir, seqs)
 
-    monkeypatch.setattr(wal_log, "_remove", gated_remove)
+    monkeypatch.setattr(wal_writer, "remove_segments", gated_remove)
     deleting = asyncio.ensure_future(log.delete_segment(first))
     while not started.is_set():
         await asyncio.sleep(0.005)
