@@ -7,6 +7,7 @@ Dagster code location all start the same things the same way.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import random
@@ -278,17 +279,30 @@ def small_filesystem(path: Path, size: int) -> Iterator[Path]:
 
 def fill_filesystem(path: Path, leave: int) -> int:
     """Write a file ``path`` that leaves about ``leave`` bytes free on its filesystem (as
-    ``statvfs`` counts them); returns the file's size. Deleting the file gives the space back."""
+    ``statvfs`` counts them); returns the file's size. Deleting the file gives the space back.
+
+    Space another process takes meanwhile (a broker under test still writing) can fill the
+    filesystem before the file is written in full: the file is then cut back by ``leave``
+    bytes, so about ``leave`` bytes are still free, as asked."""
     st = os.statvfs(path.parent)
     size = max(st.f_bavail * st.f_frsize - leave, 0)
-    with path.open("wb") as out:
-        block = b"\0" * (1 << 20)
-        left = size
-        while left > 0:
-            left -= out.write(block[: min(left, len(block))])
-        out.flush()
-        os.fsync(out.fileno())
-    return size
+    block = b"\0" * (1 << 20)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        written = 0
+        while written < size:
+            try:
+                written += os.write(fd, block[: min(size - written, len(block))])
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                written = max(written - leave, 0)
+                os.ftruncate(fd, written)
+                break
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return written
 
 
 @asynccontextmanager
