@@ -248,14 +248,19 @@ def register(commands: Any) -> None:
 
 def common(parser: argparse.ArgumentParser, *, topic_required: bool = True) -> None:
     """Options every client command has: broker URL, topic, client, connect timeout."""
-    parser.add_argument(
-        "--service-url", default="http://127.0.0.1:6650", help="broker URL to start from"
-    )
     if topic_required:
         parser.add_argument(
             "--topic", required=True, type=topic_name, help="topic name, /namespace/topic"
         )
     parser.add_argument("--client", choices=CLIENTS, default="ingest", help=_CLIENT_HELP)
+    broker_options(parser)
+
+
+def broker_options(parser: argparse.ArgumentParser) -> None:
+    """How a command reaches a broker: its URL, the connect timeout, TLS and the token."""
+    parser.add_argument(
+        "--service-url", default="http://127.0.0.1:6650", help="broker URL to start from"
+    )
     parser.add_argument(
         "--connect-timeout",
         type=float,

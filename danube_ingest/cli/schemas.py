@@ -29,15 +29,15 @@ from danube.proto import SchemaRegistry_pb2_grpc as pb_grpc
 from danube_ingest.cli import danube_client
 from danube_ingest.cli.admin import _table as table
 from danube_ingest.cli.client import (
-    DEFAULT_CONNECT_TIMEOUT,
     BrokerUnreachableError,
+    broker_options,
     check_reachable,
     topic_name,
 )
 from danube_ingest.cli.etcd_args import add_etcd_security, etcd_security
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
-from danube_ingest.cli.tls_args import add_tls_options, tls_options
-from danube_ingest.cli.token import add_token_options, token_of
+from danube_ingest.cli.tls_args import tls_options
+from danube_ingest.cli.token import token_of
 from danube_ingest.client import ClientError, call_metadata, open_channel
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.keys import Keys
@@ -83,7 +83,7 @@ def register(commands: Any) -> None:
     reg.add_argument("--type", required=True, choices=_TYPES, help="what the definition is")
     _file_option(reg, required=True)
     reg.add_argument("--description", default="", help="stored with the version")
-    _broker_options(reg)
+    broker_options(reg)
     reg.set_defaults(handler=_run(_register))
 
     lst = actions.add_parser(
@@ -103,7 +103,7 @@ def register(commands: Any) -> None:
     )
     show.add_argument("subject", help="subject name")
     show.add_argument("--version", type=_positive, help="this version instead of the latest")
-    _broker_options(show)
+    broker_options(show)
     show.set_defaults(handler=_run(_show))
 
     check = actions.add_parser(
@@ -124,7 +124,7 @@ def register(commands: Any) -> None:
         choices=[m.value.lower() for m in CompatibilityMode],
         help="check under this mode instead of the subject's",
     )
-    _broker_options(check)
+    broker_options(check)
     check.set_defaults(handler=_run(_check))
 
     attach = actions.add_parser(
@@ -149,7 +149,7 @@ def register(commands: Any) -> None:
         action="store_true",
         help="also decode every payload against the version its message names",
     )
-    _broker_options(attach)
+    broker_options(attach)
     attach.set_defaults(handler=_run(_attach))
 
 
@@ -163,20 +163,6 @@ def _file_option(parser: argparse.ArgumentParser, *, required: bool) -> None:
     parser.add_argument(
         "--file", type=Path, required=required, help="the definition (an .avsc or .json file)"
     )
-
-
-def _broker_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--service-url", default="http://127.0.0.1:6650", help="broker URL (any live broker)"
-    )
-    parser.add_argument(
-        "--connect-timeout",
-        type=float,
-        default=DEFAULT_CONNECT_TIMEOUT,
-        help="seconds to wait for the broker to answer before giving up (exit 1)",
-    )
-    add_tls_options(parser)
-    add_token_options(parser)
 
 
 Call = Callable[[argparse.Namespace, Any, Any], Coroutine[Any, Any, int]]

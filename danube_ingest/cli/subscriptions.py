@@ -28,14 +28,14 @@ from danube_ingest.broker.start import InvalidStartPositionError, StartPosition
 from danube_ingest.broker.validation import check_name
 from danube_ingest.cli import danube_client
 from danube_ingest.cli.client import (
-    DEFAULT_CONNECT_TIMEOUT,
     BrokerUnreachableError,
+    broker_options,
     check_reachable,
     topic_name,
 )
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
-from danube_ingest.cli.tls_args import add_tls_options, tls_options
-from danube_ingest.cli.token import add_token_options, token_of
+from danube_ingest.cli.tls_args import tls_options
+from danube_ingest.cli.token import token_of
 from danube_ingest.client import ClientError, TlsOptions, call_metadata, open_channel
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.keys import check_segment
@@ -67,7 +67,7 @@ def register_actions(subs: argparse.ArgumentParser) -> None:
     reset.add_argument(
         "--to", required=True, type=_position, metavar="earliest|latest|OFFSET|TIME", help=_TO_HELP
     )
-    _broker_options(reset)
+    broker_options(reset)
     reset.set_defaults(handler=_handler(_reset))
     delete = actions.add_parser(
         "delete",
@@ -78,7 +78,7 @@ def register_actions(subs: argparse.ArgumentParser) -> None:
         formatter_class=DefaultsHelpFormatter,
     )
     _target(delete)
-    _broker_options(delete)
+    broker_options(delete)
     delete.set_defaults(handler=_handler(_delete))
 
 
@@ -101,20 +101,6 @@ def _subscription_name(text: str) -> str:
 def _target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("topic", type=topic_name, help="topic name, /namespace/topic")
     parser.add_argument("subscription", type=_subscription_name, help="subscription name")
-
-
-def _broker_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--service-url", default="http://127.0.0.1:6650", help="broker URL to start from"
-    )
-    parser.add_argument(
-        "--connect-timeout",
-        type=float,
-        default=DEFAULT_CONNECT_TIMEOUT,
-        help="seconds to wait for the broker to answer before giving up (exit 1)",
-    )
-    add_tls_options(parser)
-    add_token_options(parser)
 
 
 def _handler(action: Any) -> Any:
