@@ -85,12 +85,11 @@ from danube_ingest.analytics.checks import (
     committed_parts,
     topics_with_manifest,
 )
-from danube_ingest.analytics.convert import ConvertError, pending_partitions
+from danube_ingest.analytics.convert import failure_cause, pending_partitions
 from danube_ingest.analytics.lifecycle import CollectResult, collect
 from danube_ingest.analytics.preflight import Preflight, preflight, table_starts
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata import KV, Keys
-from danube_ingest.metadata.errors import MetadataUnavailableError
 from danube_ingest.objects.store import ObjectStore
 from pipelines.resources import ConvertJobResource, EtcdResource, ObjectStoreResource
 
@@ -169,14 +168,6 @@ class _Refused(Exception):
         self.retriable = retriable
 
 
-def _cause(exc: DanubeIngestError) -> str:
-    if isinstance(exc, ConvertError):
-        return exc.cause
-    if isinstance(exc, MetadataUnavailableError):
-        return "etcd_unreachable"
-    return type(exc).__name__
-
-
 def _preflight(
     etcd: EtcdResource, objects: ObjectStoreResource, topic: str, starts: list[int]
 ) -> Preflight:
@@ -190,7 +181,7 @@ def _preflight(
     try:
         return _run_etcd(etcd, work)
     except DanubeIngestError as exc:
-        cause = _cause(exc)
+        cause = failure_cause(exc)
         where = f" at {etcd.endpoints}" if cause == "etcd_unreachable" else ""
         raise _Refused(
             f"cannot convert {topic}{where}: {exc}", cause, retriable=bool(exc.retriable)

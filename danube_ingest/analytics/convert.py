@@ -66,6 +66,7 @@ from danube_ingest.analytics.renditions import activate, create_table, read_rend
 from danube_ingest.analytics.source import ReadPart, aread_part, plan_reads
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.errors import ConfigError, DanubeIngestError
+from danube_ingest.metadata.errors import MetadataUnavailableError
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.metadata.kv import KV, Compare, Put
 from danube_ingest.objects.store import ObjectStore, is_credential_option, location_options
@@ -83,6 +84,7 @@ __all__ = [
     "StoreSpec",
     "convert",
     "current_conversion",
+    "failure_cause",
     "first_since",
     "not_complete_error",
     "pending_partitions",
@@ -116,6 +118,16 @@ class ConvertError(AnalyticsError):
         super().__init__(message)
         self.retriable = retriable
         self.cause = cause
+
+
+def failure_cause(exc: BaseException) -> str:
+    """A failed run's kind in one word, for reports: ``ConvertError.cause``,
+    ``etcd_unreachable``, or the error's class name."""
+    if isinstance(exc, ConvertError):
+        return exc.cause
+    if isinstance(exc, MetadataUnavailableError):
+        return "etcd_unreachable"
+    return type(exc).__name__
 
 
 @dataclass(frozen=True)

@@ -43,10 +43,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from danube_ingest.analytics.convert import (
-    ConvertError,
     ConvertResult,
     StoreSpec,
     convert,
+    failure_cause,
     result_json,
 )
 from danube_ingest.analytics.layout import DEFAULT_ROOT, DEFAULT_WIDTH_S
@@ -55,7 +55,6 @@ from danube_ingest.analytics.session import spark_session
 from danube_ingest.config import load_config
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.errors import ConfigError, DanubeIngestError
-from danube_ingest.metadata.errors import MetadataUnavailableError
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.etcd_security import EtcdSecurity
 from danube_ingest.metadata.keys import Keys
@@ -194,15 +193,6 @@ def _report_pipes(result: ConvertResult) -> None:
             pipes.report_asset_materialization(metadata=metadata)
 
 
-def _cause(exc: DanubeIngestError) -> str:
-    """The failure's kind in one word (``ConvertError.cause``, or what etcd said)."""
-    if isinstance(exc, ConvertError):
-        return exc.cause
-    if isinstance(exc, MetadataUnavailableError):
-        return "etcd_unreachable"
-    return type(exc).__name__
-
-
 def _report_pipes_error(exc: DanubeIngestError, cause: str) -> None:
     """Launched through Pipes: report why the run failed as a custom message
     ``{"error", "cause", "retriable"}``, so Dagster can show it as the failure's cause."""
@@ -230,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except DanubeIngestError as exc:
         print(f"danube_ingest.analytics.job: {exc}", file=sys.stderr)
-        _report_pipes_error(exc, _cause(exc))
+        _report_pipes_error(exc, failure_cause(exc))
         return 1
     if os.environ.get(PIPES_ENV):
         _report_pipes(result)
