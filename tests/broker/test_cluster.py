@@ -292,12 +292,14 @@ async def test_paused_owner_is_fenced_and_its_clients_move_over(
     # A's fenced cursor write did not land (nothing to redeliver on B in local_only mode).
     assert await cursor_of(kv, keys, "s1") == offsets_a[2]
     # Since the takeover, A wrote nothing to etcd but its own new registration (B recorded
-    # the offsets it jumped over when it loaded the topic: below A's reservation).
+    # the offsets it jumped over when it loaded the topic: below A's reservation, and, as the
+    # owner now, its WAL's durable end of the topic; A's durable end is not written again).
     written = await kv.get_prefix(keys.prefix + "/")
     jump = keys.storage_jump(TOPIC, 0)
     assert {e.key for e in written if e.mod_revision > taken_over} <= {
         keys.broker("broker-a"),
         jump,
+        keys.storage_durable_end(TOPIC, "broker-b"),
     }
     assert [(j.start, j.end, j.broker) for j in await read_jumps(kv, keys, TOPIC)] == [
         (0, reserved_a, "broker-b")
