@@ -123,40 +123,49 @@ async def _run(args: argparse.Namespace, config: BrokerConfig) -> ConvertResult:
     keys = Keys(os.environ.get(PREFIX_ENV) or config.etcd.prefix)
     spec = StoreSpec.from_config(config) if args.engine == "spark" else None
     objects = ObjectStore.from_config(config)
-    try:
-        kv = await EtcdKV.connect(
+
+    async def connect() -> EtcdKV:
+        return await EtcdKV.connect(
             endpoints,
             timeout=config.etcd.connect_timeout_seconds,
             security=EtcdSecurity.from_env_or_config(config.etcd),
         )
-    except BaseException:
-        await objects.close()
-        raise
+
     try:
         need_spark = args.engine == "spark"
         if args.start_ms:
             # What needs only etcd and the store's listing is refused before Spark starts.
-            checked = await preflight(
-                kv, keys, args.topic, args.start_ms, width_s=args.width_s, objects=objects
-            )
+            kv = await connect()
+            try:
+                checked = await preflight(
+                    kv, keys, args.topic, args.start_ms, width_s=args.width_s, objects=objects
+                )
+            finally:
+                await kv.close()
             need_spark = need_spark and bool(checked.convert) and not checked.outside
+        # Spark forks its JVM with no etcd connection open: gRPC skips its fork handlers while
+        # another thread is inside a call, and the JVM's launch then failed now and then
+        # ("Java gateway process exited before sending its port number").
         spark = _session() if need_spark else None
-        return await convert(
-            kv=kv,
-            keys=keys,
-            objects=objects,
-            warehouse=objects,
-            topic=args.topic,
-            starts_ms=args.start_ms,
-            engine=args.engine,
-            spark=spark,
-            width_s=args.width_s,
-            root=args.root,
-            objects_spec=spec,
-            warehouse_spec=spec,
-        )
+        kv = await connect()
+        try:
+            return await convert(
+                kv=kv,
+                keys=keys,
+                objects=objects,
+                warehouse=objects,
+                topic=args.topic,
+                starts_ms=args.start_ms,
+                engine=args.engine,
+                spark=spark,
+                width_s=args.width_s,
+                root=args.root,
+                objects_spec=spec,
+                warehouse_spec=spec,
+            )
+        finally:
+            await kv.close()
     finally:
-        await kv.close()
         await objects.close()
 
 
