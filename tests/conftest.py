@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from danube_ingest.metadata import KV, EtcdKV, Keys, MemoryKV
-from danube_ingest.testing import LocalEtcd, MotoServer
+from danube_ingest.testing import LocalEtcd, LocalKafka, MotoServer
 
 if TYPE_CHECKING:
     from tests.analytics.daemon_support import Produced
@@ -37,6 +37,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.etcd)
         if "s3_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.s3)
+        if "kafka_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
 
 
 @pytest.fixture(scope="session")
@@ -66,6 +68,14 @@ async def kv(request: pytest.FixtureRequest) -> AsyncIterator[KV]:
 @pytest.fixture
 def keys() -> Keys:
     return Keys(prefix=f"/test-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(scope="session")
+def kafka_server() -> Iterator[str]:
+    """One single-node KRaft Kafka for the session (its bootstrap servers); tests keep apart
+    by topic prefix."""
+    with LocalKafka() as kafka:
+        yield kafka.bootstrap_servers
 
 
 @pytest.fixture(scope="session")

@@ -66,6 +66,7 @@ from danube_ingest.schema.registry import SchemaRegistry
 from danube_ingest.schema.service import SchemaRegistryServicer
 from danube_ingest.security import AuthInterceptor, Guard
 from danube_ingest.store import TopicStore
+from danube_ingest.store.topic_store import kafka_wal
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +265,15 @@ class Broker:
         self.store = await TopicStore.from_config(config)
         # Stored with this broker's offset reservations: a takeover's tail can be recovered
         # only from the WAL it was written to (``objects.handover``). None: a WAL in memory.
-        self._wal_id = None if config.storage.mode == "memory" else data_dir_id(config.wal_dir())
+        # A WAL in Kafka is named by its topics, not by the directory caching it: a broker
+        # whose data directory was wiped recovers its tails from Kafka.
+        kafka = kafka_wal(config)
+        if kafka is not None:
+            self._wal_id = "kafka:" + kafka.region("r0").data.rsplit(".", 1)[0]
+        else:
+            self._wal_id = (
+                None if config.storage.mode == "memory" else data_dir_id(config.wal_dir())
+            )
         if self._kv is None:
             endpoints = config.etcd.endpoints
             if endpoints == ["memory"]:

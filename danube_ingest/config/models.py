@@ -220,9 +220,72 @@ class RetentionConfig(_Section):
         return self
 
 
+class KafkaWalConfig(_Section):
+    """The WAL on Apache Kafka (``storage.wal.backend: kafka``): each region is a data topic
+    and a meta topic of one partition; appends are acknowledged once a Kafka transaction holding
+    them is committed (``acks=all``)."""
+
+    bootstrap_servers: str = Field(
+        default="",
+        description=(
+            "Kafka bootstrap servers, comma-separated host:port. Required with backend kafka."
+        ),
+    )
+    topic_prefix: str = Field(
+        default="danube-wal.",
+        pattern=r"^[A-Za-z0-9._-]{0,100}$",
+        description=(
+            "Prefix of the WAL's Kafka topic names (`{prefix}{broker id}.{region}` and "
+            "`.meta`) and transactional ids. Letters, digits, '.', '_' and '-'."
+        ),
+    )
+    replication_factor: _Count | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Replicas of each WAL topic. Null: 3, refused on a cluster of fewer brokers "
+            "(set it explicitly to run on one or two)."
+        ),
+    )
+    min_insync_replicas: _Count | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Kafka's min.insync.replicas of the WAL topics: an append is acknowledged once this "
+            "many replicas hold it. Null: 2 with 3 or more replicas, else 1."
+        ),
+    )
+    delivery_timeout_ms: _Millis = Field(
+        default=30_000,
+        ge=1000,
+        description=(
+            "How long appends may wait for Kafka to commit them. Past it they fail and the "
+            "region refuses appends until the broker restarts."
+        ),
+    )
+    client: dict[str, str | int | bool] = Field(
+        default_factory=dict,
+        description=(
+            "librdkafka settings passed to every Kafka client of the WAL: security.protocol, "
+            "ssl.*, sasl.* ... Not acks, enable.idempotence, transactional.id, isolation.level."
+        ),
+    )
+
+
 class WalConfig(_Section):
     """The write-ahead log: region logs of segment files, group-committed with fdatasync."""
 
+    backend: Literal["local", "kafka"] = Field(
+        default="local",
+        description=(
+            "'local': segment files on this machine's disk, synced (fdatasync). 'kafka': the "
+            "log is in Apache Kafka (storage.wal.kafka); the WAL directory is only its cache, "
+            "so an acknowledged message survives the loss of this machine."
+        ),
+    )
+    kafka: KafkaWalConfig = Field(
+        default_factory=KafkaWalConfig, description="The Kafka backend (backend: kafka)."
+    )
     dir: _OptionalPath = Field(
         default=None,
         description="WAL directory. Null: `{broker.data_dir}/wal`. Use a fast local disk.",
@@ -307,6 +370,8 @@ class WalConfig(_Section):
 
     @model_validator(mode="after")
     def _check_retention(self) -> WalConfig:
+        if self.backend == "kafka" and not self.kafka.bootstrap_servers.strip():
+            raise _FieldError("kafka.bootstrap_servers", "required with backend 'kafka'")
         if self.retention.max_bytes < self.segment_bytes:
             raise _FieldError(
                 "retention.max_bytes", f"must be >= segment_bytes ({self.segment_bytes})"

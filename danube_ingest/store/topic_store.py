@@ -49,6 +49,7 @@ from danube_ingest.errors import (
 from danube_ingest.store.cache import WALCache
 from danube_ingest.wal.block import EntryBlock
 from danube_ingest.wal.framing import Entry, Kind, batch_header, decode_frame, decode_messages
+from danube_ingest.wal.kafka import KafkaWal
 from danube_ingest.wal.log import (
     DEFAULT_LINGER_US,
     DEFAULT_SEGMENT_BYTES,
@@ -214,8 +215,10 @@ class TopicStore:
         max_wal_bytes: int | None = None,
         min_free_bytes: int = 0,
         free_space: DiskFree = disk_free,
+        kafka: KafkaWal | None = None,
     ) -> TopicStore:
         """Open (recovering) a store under ``wal_dir``; ``None`` keeps everything in memory.
+        With ``kafka`` the regions' logs are in Kafka and ``wal_dir`` caches them.
 
         ``min_free_bytes`` is the free-space floor of the WAL's filesystem (0: none), measured
         with ``free_space`` (``os.statvfs``; tests may hand in another source).
@@ -237,6 +240,7 @@ class TopicStore:
                     max_entry_bytes=max_entry_bytes,
                     min_free_bytes=min_free_bytes,
                     free_space=free_space,
+                    kafka=kafka,
                 )
             )
         store = cls(
@@ -274,6 +278,7 @@ class TopicStore:
             cache_topic_max_bytes=cache.topic_max_bytes,
             max_wal_bytes=None if config.storage.mode == "memory" else wal.retention.max_bytes,
             min_free_bytes=wal.retention.min_free_bytes,
+            kafka=kafka_wal(config),
         )
 
     # -- topics ----------------------------------------------------------------------------
@@ -1039,3 +1044,20 @@ class _Collected:
 
 
 __all__ = ["Sealed", "TimeMark", "TopicInfo", "TopicReader", "TopicStore", "region_index"]
+
+
+def kafka_wal(config: BrokerConfig) -> KafkaWal | None:
+    """The Kafka backend's settings, or None when the WAL is local (or in memory)."""
+    wal = config.storage.wal
+    if wal.backend != "kafka" or config.storage.mode == "memory":
+        return None
+    kafka = wal.kafka
+    return KafkaWal(
+        kafka.bootstrap_servers,
+        wal=config.broker.broker_id,
+        topic_prefix=kafka.topic_prefix,
+        replication_factor=kafka.replication_factor,
+        min_insync_replicas=kafka.min_insync_replicas,
+        delivery_timeout_ms=int(kafka.delivery_timeout_ms),
+        client=dict(kafka.client),
+    )

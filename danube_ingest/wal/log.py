@@ -67,6 +67,7 @@ from danube_ingest.wal.framing import (
     time_frame,
     topic_frame,
 )
+from danube_ingest.wal.kafka import KafkaBackend, KafkaWal
 from danube_ingest.wal.local import FileBackend
 from danube_ingest.wal.memory import MemoryBackend
 from danube_ingest.wal.meta import ProducerBatch, Snapshot, TopicMeta
@@ -196,8 +197,12 @@ class RegionLog:
         snapshot_on_seal: bool = True,
         min_free_bytes: int = 0,
         free_space: DiskFree = disk_free,
+        kafka: KafkaWal | None = None,
     ) -> RegionLog:
         """Recover (file mode) or create (``region_dir=None``: memory mode) a region log.
+
+        With ``kafka`` the region's log is in Kafka (:class:`KafkaBackend`) and ``region_dir``
+        only caches it: recovery rebuilds that directory from Kafka.
 
         Recovery runs in a worker thread. The previously active segment is sealed as it is and
         appends go to a new segment. A segment's blocks are preallocated only while that leaves
@@ -206,6 +211,8 @@ class RegionLog:
         backend: Backend
         if region_dir is None:
             backend = MemoryBackend()
+        elif kafka is not None:
+            backend = KafkaBackend(region_dir, kafka, region)
         else:
             backend = FileBackend(
                 region_dir,
@@ -304,6 +311,19 @@ class RegionLog:
         self._check_open()
         topic = self.ensure_topic(name)
         topic.producers = dict(producers)
+        if self.region_dir is None:
+            return
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._snapshot_waiters.append(waiter)
+        self._rotate_requested = True
+        await self._future()
+        await waiter
+
+    async def snapshot_now(self) -> None:
+        """Seal the active segment and record a region snapshot at that seal, whatever
+        ``SNAPSHOT_MIN_INTERVAL`` says; return once it is recorded. With the Kafka backend this
+        is also what lets Kafka drop the records of deleted segments (``KafkaBackend``)."""
+        self._check_open()
         if self.region_dir is None:
             return
         waiter: asyncio.Future[None] = self._loop.create_future()

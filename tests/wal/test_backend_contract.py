@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from danube_ingest.errors import InvalidEntryError, PayloadTooLargeError
 from danube_ingest.wal import Entry, Kind, RegionLog, Sealed
 from danube_ingest.wal.backend import Chunk
 from danube_ingest.wal.framing import MAX_SHORT_FIELD, decode_messages, decode_topic, iter_frames
+from danube_ingest.wal.kafka import KafkaBackend, KafkaWal
 from danube_ingest.wal.log import Group
 
 TOPIC = "/ns/t"
@@ -66,7 +68,7 @@ class DurableReports:
         return log
 
 
-@pytest.fixture(params=["file", "memory"])
+@pytest.fixture(params=["file", "memory", pytest.param("kafka", marks=pytest.mark.kafka)])
 async def backend(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Case]:
@@ -89,6 +91,34 @@ async def backend(
             return log
 
         case = Case("file", True, open_file, lambda: len(syncs))
+    elif kind == "kafka":
+        # Each test has its own WAL name (so its own topics) in the session's Kafka; the
+        # cache directory is wiped by every open (Kafka alone is what survives).
+        settings = KafkaWal(
+            request.getfixturevalue("kafka_server"),
+            wal=f"contract-{uuid.uuid4().hex[:12]}",
+            replication_factor=1,
+        )
+        commits: list[int] = []
+
+        async def open_kafka(**options: Any) -> RegionLog:
+            log = await RegionLog.open(tmp_path / "r0", kafka=settings, **options)
+            backend = log._backend
+            assert isinstance(backend, KafkaBackend)
+            commits.append(0)
+            index = len(commits) - 1
+            original = backend._commit
+
+            def counted(group: list[Chunk], metas: list[Any]) -> None:
+                original(group, metas)
+                if group:
+                    commits[index] += 1
+
+            backend._commit = counted  # type: ignore[method-assign]
+            opened.append(log)
+            return log
+
+        case = Case("kafka", True, open_kafka, lambda: sum(commits))
     else:
         reports = DurableReports()
 
