@@ -18,6 +18,7 @@ from danube_ingest.broker.server import Broker, data_dirs
 from danube_ingest.cli.dagster_ui import DagsterUI, DagsterUIError
 from danube_ingest.config import BrokerConfig, load_config
 from danube_ingest.datadir import DataDirLock
+from danube_ingest.kafka.server import KafkaServer
 from danube_ingest.metadata.server import EtcdServer
 from danube_ingest.runtime import run_daemon, shutdown_done, stop_on_signals, tune_gc
 
@@ -66,6 +67,16 @@ def register(commands: Any) -> None:
         "--dagster-port", type=int, default=3000, help="Dagster UI port (on the listen host)"
     )
     dev.add_argument("--no-dagster", action="store_true", help="do not start the Dagster UI")
+    dev.add_argument(
+        "--wal",
+        choices=("local", "kafka"),
+        default="local",
+        help="WAL backend: local segment files (default), or kafka: a local single-node Kafka "
+        "started under DATA_DIR/kafka holds the WAL (replication factor 1)",
+    )
+    dev.add_argument(
+        "--kafka-port", type=int, default=9092, help="local Kafka client port (with --wal kafka)"
+    )
     dev.set_defaults(handler=_dev)
 
 
@@ -200,6 +211,7 @@ async def _run_dev(
     etcd: EtcdServer,
     dagster: DagsterUI | None,
     banner: str,
+    kafka: KafkaServer | None = None,
 ) -> int:
     """Serve the broker while watching Dagster; stops everything (exit 1) if Dagster fails to
     start. Stops Dagster after the broker."""
@@ -222,6 +234,8 @@ async def _run_dev(
     def on_force() -> None:
         if dagster is not None:
             dagster.stop(timeout=2)
+        if kafka is not None:
+            kafka.kill()
         etcd.stop(timeout=2)
 
     def ready(broker: Broker) -> None:
@@ -245,6 +259,15 @@ async def _run_dev(
 def _dev(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir)
     etcd = EtcdServer(data_dir / "etcd", client_port=args.etcd_port, peer_port=args.etcd_port + 1)
+    kafka = None
+    wal: dict[str, Any] = {}
+    if args.wal == "kafka":
+        kafka = KafkaServer(data_dir / "kafka", port=args.kafka_port)
+        wal = {
+            "storage.wal.backend": "kafka",
+            "storage.wal.kafka.bootstrap_servers": kafka.bootstrap_servers,
+            "storage.wal.kafka.replication_factor": 1,
+        }
     config = load_config(
         args.config,
         {
@@ -252,6 +275,7 @@ def _dev(args: argparse.Namespace) -> int:
             "broker.listen": args.listen,
             "etcd.endpoints": etcd.endpoint,
             **({"metrics.listen": args.metrics_listen} if args.metrics_listen else {}),
+            **wal,
         },
     )
     # Before anything touches the data directory: a second `dev` on it fails here, naming us.
@@ -269,13 +293,17 @@ def _dev(args: argparse.Namespace) -> int:
         etcd.start()
         try:
             etcd.wait_healthy(30)
+            if kafka is not None:
+                kafka.start()
+                kafka.wait_ready(120)
+                print(f"danube-ingest dev: kafka on {kafka.bootstrap_servers} (the WAL)")
             if dagster is not None:
                 dagster.start()
             codes: list[int] = []
 
             async def main() -> None:
                 codes.append(
-                    await _run_dev(config, lock, etcd, dagster, _banner(args, etcd, dagster))
+                    await _run_dev(config, lock, etcd, dagster, _banner(args, etcd, dagster), kafka)
                 )
 
             run_daemon(main())
@@ -284,5 +312,9 @@ def _dev(args: argparse.Namespace) -> int:
                 if dagster is not None:
                     dagster.stop()
             finally:
-                etcd.stop()
+                try:
+                    if kafka is not None:
+                        kafka.stop()
+                finally:
+                    etcd.stop()
     return codes[0] if codes else 1

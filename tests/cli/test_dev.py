@@ -282,3 +282,59 @@ def test_make_dev_passes_args_through() -> None:
     assert dry_run.returncode == 0, dry_run.stderr
     last = dry_run.stdout.strip().splitlines()[-1]
     assert last.endswith("danube-ingest dev --dagster-port 3001 --no-dagster"), dry_run.stdout
+
+
+@pytest.mark.kafka
+def test_dev_with_the_kafka_wal_runs_kafka_and_stops_it(tmp_path: Path) -> None:
+    """``make dev ARGS="--wal kafka"``: a local Kafka under DATA_DIR/kafka holds the WAL; the
+    README's produce and consume commands work against it; Ctrl-C stops the broker, then
+    Kafka and etcd."""
+    broker_port, etcd_port, kafka_port = free_port(), free_port(), free_port()
+    process, log_path = _dev(
+        tmp_path,
+        "dev-kafka",
+        tmp_path / "data",
+        *("--listen", f"127.0.0.1:{broker_port}", "--etcd-port", str(etcd_port)),
+        *("--wal", "kafka", "--kafka-port", str(kafka_port), "--no-dagster"),
+    )
+    try:
+        deadline = time.monotonic() + 150
+        while "serving on" not in log_path.read_text(errors="replace"):
+            assert process.poll() is None, log_path.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, log_path.read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+        cli = [sys.executable, "-m", "danube_ingest.cli"]
+        url = ("--service-url", f"http://127.0.0.1:{broker_port}")
+        produced = subprocess.run(
+            [*cli, "produce", *url, "--topic", "/default/demo", "--count", "10"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert produced.returncode == 0, produced.stderr
+        consumed = subprocess.run(
+            [
+                *cli,
+                "consume",
+                *url,
+                "--topic",
+                "/default/demo",
+                *("--subscription", "demo"),
+                "--count",
+                "10",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert consumed.returncode == 0, consumed.stderr
+        assert "received 10/10" in consumed.stdout + consumed.stderr
+        text = log_path.read_text(errors="replace")
+        assert f"kafka on 127.0.0.1:{kafka_port} (the WAL)" in text
+        assert "kafka wal topic created topic=danube-wal.broker-1.r0 " in text
+    finally:
+        assert _interrupt(process) == 0, log_path.read_text(errors="replace")[-3000:]
+    text = log_path.read_text(errors="replace")
+    assert text.index("broker stopped") < text.index("kafka stopped") < text.index("etcd stopped")
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", kafka_port)) != 0, "kafka still listens"
