@@ -338,3 +338,19 @@ def test_dev_with_the_kafka_wal_runs_kafka_and_stops_it(tmp_path: Path) -> None:
     assert text.index("broker stopped") < text.index("kafka stopped") < text.index("etcd stopped")
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", kafka_port)) != 0, "kafka still listens"
+
+
+def test_the_readmes_kafka_command_is_dev_with_the_kafka_wal() -> None:
+    """The README's ``make dev ARGS="--wal kafka"`` runs what the test above runs."""
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    line = 'make dev ARGS="--wal kafka"'
+    assert f"```bash\n  {line}\n  ```" in readme
+    dry_run = subprocess.run(
+        ["make", "-n", "--no-print-directory", "-C", str(root), *shlex.split(line)[1:]],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert dry_run.returncode == 0, dry_run.stderr
+    assert dry_run.stdout.strip().splitlines()[-1].endswith("danube-ingest dev --wal kafka")
