@@ -73,11 +73,14 @@ log = logging.getLogger(__name__)
 #: Batches of one Publish stream waiting for durability at once.
 PUBLISH_IN_FLIGHT = 64
 #: Bytes (of blocks) of one Publish stream waiting for durability at once. The WAL writes in
-#: staging order, so this is how much of one stream another stream's append may wait behind:
-#: 4 MiB is written and synced in about 20-30 ms here, and is still two or more 1 MiB batches,
-#: so the writer always has the next group queued while it syncs one (throughput holds).
-#: With 64 MiB (64 batches of 1 MiB, the batch count alone) a per-message producer's p99 was
-#: 0.5-25 s behind one full-speed batch producer (benchmarks/fairness.py).
+#: staging order, so this is how much of one stream another stream's append may wait behind.
+#: A "1 MiB" batch of 1,000 x 1 KiB messages is a 1,079,000-byte block, so such a stream has
+#: one batch staged at a time (the writer idles while the next one is read and staged; the
+#: broker's loop, not the disk, bounds that throughput, 220-250 MB/s here); batches up to
+#: 1 MiB / 2 have two or more. With 64 MiB (64 batches of 1 MiB, the batch count alone) a
+#: per-message producer's p99 was 0.5-25 s behind one full-speed batch producer
+#: (benchmarks/fairness.py); with this credit its loaded wait is mostly the busy event loop, not
+#: the WAL (docs/benchmarks.md, fairness.py, session 13).
 PUBLISH_IN_FLIGHT_BYTES = 2 * 1024 * 1024
 #: Messages per delivered batch when the Subscribe does not say.
 DEFAULT_CONSUME_BATCH = 1000
