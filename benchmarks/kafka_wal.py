@@ -1,7 +1,7 @@
 """The WAL on Kafka (``storage.wal.backend: kafka``) against confluent-kafka and the local WAL.
 
 Run: ``flock /tmp/danube-bench.lock .venv/bin/python benchmarks/kafka_wal.py`` (no arguments,
-about 3 minutes on 2 cores; needs the Kafka jars of ``make setup``).
+about 2.5 minutes on 2 cores, ~4 GB under the temp dir; needs the Kafka jars of ``make setup``).
 
 Setup, all on loopback in temporary directories: one local single-node Kafka for the whole run
 (``danube_ingest.testing.LocalKafka``: KRaft, 256 MiB heap, Kafka's default ``log.flush.*``,
