@@ -205,7 +205,7 @@ def peer_rate(bootstrap: str, topic: str) -> tuple[int, float]:
 def create_topic(bootstrap: str, topic: str) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
     for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
         future.result(30)
 
