@@ -53,6 +53,7 @@ from danube_ingest.metadata.session import BrokerSession
 from danube_ingest.objects.cleaner import WalCleaner
 from danube_ingest.objects.cluster import check_cluster_id
 from danube_ingest.objects.handover import TailHandover
+from danube_ingest.objects.kafka_rescue import KafkaTailRescue
 from danube_ingest.objects.reader import CloudReader
 from danube_ingest.objects.reclock import ClockKeeper
 from danube_ingest.objects.store import ObjectStore, RetryPolicy
@@ -226,6 +227,7 @@ class Broker:
         self.objects: ObjectStore | None = None
         self.uploader: SegmentUploader | None = None
         self.tail_handover: TailHandover | None = None
+        self.kafka_rescue: KafkaTailRescue | None = None
         self._wal_id: str | None = None
         self.cleaner: WalCleaner | None = None
         self.clock_keeper: ClockKeeper | None = None
@@ -480,6 +482,18 @@ class Broker:
                     interval=float(storage.uploader.handover_check_seconds),
                     wal_id=self._wal_id,
                 )
+                kafka = kafka_wal(config)
+                if kafka is not None:
+                    # Takeovers from a dead broker read its tail from Kafka themselves.
+                    self.kafka_rescue = KafkaTailRescue(
+                        kafka,
+                        self.objects,
+                        manifest,
+                        broker_id,
+                        config.wal_dir() / "rescue",
+                        codec=storage.cloud.compression,
+                        index_interval=storage.wal.index_interval_bytes,
+                    )
         self.cleaner = WalCleaner(
             store,
             broker_id=broker_id,
@@ -496,6 +510,8 @@ class Broker:
             self.uploader.start()
             if self.tail_handover is not None:
                 self.tail_handover.start()
+            if self.kafka_rescue is not None:
+                self.kafka_rescue.start()
             if storage.clock_interval_seconds > 0:
                 # Started once the topic manager exists: it names the topics served here.
                 self.clock_keeper = ClockKeeper(
@@ -530,6 +546,8 @@ class Broker:
             await self._progress.close()
         if self.tail_handover is not None:
             await self.tail_handover.stop()
+        if self.kafka_rescue is not None:
+            await self.kafka_rescue.stop()
         if self.uploader is not None:
             await self.uploader.stop()
         if self.cleaner is not None:

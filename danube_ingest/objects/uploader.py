@@ -447,12 +447,12 @@ class SegmentUploader:
             self.stats.bytes += obj.size
             self._stored_at[obj.key] = time.time()
             return SegmentObject(obj.key, obj.size, obj.crc, obj.footer, None, found=True)
-        if _offsets(footer) != _offsets(obj.footer):
+        if object_offsets(footer) != object_offsets(obj.footer):
             raise ObjectFormatError(
                 obj.key,
                 None,
                 "an object with other contents already exists under this segment's key "
-                f"(stored: {_offsets(footer)}, segment: {_offsets(obj.footer)})",
+                f"(stored: {object_offsets(footer)}, segment: {object_offsets(obj.footer)})",
             )
         log.info("segment object already stored key=%s", obj.key)
         info = await self._objects.stat(obj.key)
@@ -692,7 +692,7 @@ class SegmentUploader:
             retry += 1
 
 
-def _offsets(footer: Footer) -> list[tuple[str, int, int, int]]:
+def object_offsets(footer: Footer) -> list[tuple[str, int, int, int]]:
     return [(t, s.first_offset, s.last_offset, s.entries) for t, s in footer.topics.items()]
 
 
