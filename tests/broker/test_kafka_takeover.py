@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 import pytest
+from confluent_kafka.admin import AdminClient
 from crc32c import crc32c
 
 from danube_ingest.client import Consumer, new_producer_id
@@ -30,7 +31,7 @@ from danube_ingest.metadata.handover import RECOVERED, read_handover
 from danube_ingest.metadata.jumps import read_jumps
 from danube_ingest.metadata.keys import Keys
 from danube_ingest.proto import ingest_pb2 as ipb
-from danube_ingest.testing import BrokerProcess
+from danube_ingest.testing import BrokerProcess, LocalKafkaCluster
 from danube_ingest.wal.block import encode_block
 from danube_ingest.wal.framing import Entry
 from tests.broker.support import metadata
@@ -226,3 +227,52 @@ async def test_an_owner_paused_past_its_lease_is_fenced_and_loses_nothing(
             os.kill(owner.process.pid, signal.SIGCONT)
         owner.kill()
         survivor.kill()
+
+
+@pytest.mark.timeout(300)
+async def test_losing_the_kafka_leader_under_load_loses_nothing_acknowledged(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str
+) -> None:
+    """Three KRaft nodes, WAL topics replicated 3 times with min.insync.replicas 2: the node
+    leading the WAL's data partition is killed while batches are published; publishing goes
+    on, and every acknowledged batch is there after the broker itself is killed, its WAL
+    deleted and restarted on the two nodes left."""
+    with LocalKafkaCluster(3) as cluster:
+        storage = _storage(cluster.bootstrap_servers, tmp_path / "objects", "rf3.")
+        storage["wal"]["kafka"].update(replication_factor=None, min_insync_replicas=2)
+        broker = BrokerProcess(
+            tmp_path / "b1", etcd_server, prefix=etcd_prefix, lease_ttl=LEASE_TTL, storage=storage
+        )
+        await asyncio.to_thread(broker.start, 120.0)
+        answers: dict[int, Any] = {}
+        stop = asyncio.Event()
+        try:
+            load = asyncio.create_task(_load(broker.url, answers, stop))
+            await asyncio.sleep(2.0)
+            admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers, "log_level": 0})
+            data = "rf3.broker-1.r0"
+            leader = admin.list_topics(data, timeout=10).topics[data].partitions[0].leader
+            before = len(answers)
+            await asyncio.to_thread(cluster.kill, leader)
+            await asyncio.sleep(8.0)
+            stop.set()
+            await asyncio.wait_for(load, 90)
+            acked = {
+                tag: a for tag, a in answers.items() if not isinstance(a, Exception) and a.code == 0
+            }
+            after = [tag for tag in acked if tag >= before + 8]
+            print(f"{len(acked)} of {len(answers)} acknowledged, {len(after)} after the kill")
+            assert after, "publishing did not go on after the leader was killed"
+
+            broker.kill()
+            shutil.rmtree(broker.data_dir / "wal")
+            await asyncio.to_thread(broker.start, 120.0)
+            end = max(a.base_offset for a in acked.values()) + 20
+            seen = {e.offset: e.payload for e in await _read(broker.url, end)}
+            for tag, a in acked.items():
+                assert [seen[a.base_offset + i] for i in range(20)] == [
+                    b"%d-%d" % (tag, i) for i in range(20)
+                ], f"acknowledged batch {tag} lost"
+        finally:
+            stop.set()
+            broker.kill()
