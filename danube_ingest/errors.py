@@ -19,6 +19,7 @@ never the message text.
           ├── WalClosedError           the log was closed
           ├── WalFailedError           a write or fsync failed; the log refuses further appends
           ├── WalBackpressureError     the WAL is full (retention limit); retriable
+          │    └── WalStalledError      the WAL's Kafka stores nothing for now; retriable
           ├── OffsetOutOfRangeError    a reader asked for an offset that is no longer retained
           ├── PayloadTooLargeError     an entry larger than the configured maximum
           ├── InvalidEntryError        an entry (or topic name) with a field the WAL cannot frame
@@ -131,6 +132,13 @@ class WalBackpressureError(StorageError):
     """The WAL holds as much as its retention allows; try again once uploads catch up."""
 
     retriable = True
+
+
+class WalStalledError(WalBackpressureError):
+    """The WAL's backend has stored nothing for a while (the Kafka WAL: Kafka has committed
+    none of its appends for ``storage.wal.kafka.delivery_timeout_ms``): new appends are refused
+    before they get an offset, until it stores again. Appends staged before are stored once it
+    does."""
 
 
 class OffsetOutOfRangeError(StorageError):

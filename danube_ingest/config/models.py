@@ -256,11 +256,12 @@ class KafkaWalConfig(_Section):
         ),
     )
     delivery_timeout_ms: _Millis = Field(
-        default=30_000,
+        default=10_000,
         ge=1000,
         description=(
-            "How long appends may wait for Kafka to commit them. Past it they fail and the "
-            "region refuses appends until the broker restarts."
+            "Once Kafka has committed none of the WAL's appends for this long, new appends are "
+            "refused (RESOURCE_EXHAUSTED, retriable) until it commits again; appends staged "
+            "before wait for Kafka and are acknowledged once it holds them."
         ),
     )
     client: dict[str, str | int | bool] = Field(

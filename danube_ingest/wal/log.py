@@ -47,6 +47,7 @@ from danube_ingest.errors import (
     SequenceGapError,
     WalClosedError,
     WalFailedError,
+    WalStalledError,
 )
 from danube_ingest.wal.backend import Backend, Chunk
 from danube_ingest.wal.backend import DurableCallback as DurableCallback
@@ -177,6 +178,8 @@ class RegionLog:
         #: Waiters for a snapshot at the next seal, whatever SNAPSHOT_MIN_INTERVAL says.
         self._snapshot_waiters: list[asyncio.Future[None]] = []
         self._recovered = state
+        #: Why appends are refused now, from backends that can stall (Kafka unreachable).
+        self._refusal: Callable[[], str | None] | None = getattr(backend, "refusal", None)
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -334,6 +337,12 @@ class RegionLog:
 
     # -- appending -------------------------------------------------------------------------
 
+    def _check_refusal(self) -> None:
+        assert self._refusal is not None
+        reason = self._refusal()
+        if reason is not None:
+            raise WalStalledError(f"region {self.region}: {reason}")
+
     def _check_open(self) -> None:
         if self._error is not None:
             raise WalFailedError(f"region {self.region} failed: {self._error}") from self._error
@@ -367,8 +376,11 @@ class RegionLog:
     def stage(self, name: str, entry: Entry) -> Completion:
         """Assign ``entry`` its offset and ingest time; the future completes once it is durable.
 
-        Raises ``PayloadTooLargeError`` or ``InvalidEntryError`` (the entry gets no offset).
+        Raises ``PayloadTooLargeError`` or ``InvalidEntryError`` (the entry gets no offset),
+        ``WalStalledError`` while the backend cannot store anything (``Backend.refusal``).
         """
+        if self._refusal is not None:
+            self._check_refusal()
         batch = self._pending_future
         if batch is None:
             batch = self._future()
@@ -407,8 +419,10 @@ class RegionLog:
         """Stage several entries of one topic; one future for all of them.
 
         All or nothing: if one entry is refused (``PayloadTooLargeError``,
-        ``InvalidEntryError``), none gets an offset.
+        ``InvalidEntryError``, ``WalStalledError``), none gets an offset.
         """
+        if self._refusal is not None:
+            self._check_refusal()
         batch = self._future()
         if not entries:
             return batch  # an empty MESSAGES frame cannot be encoded
@@ -447,9 +461,11 @@ class RegionLog:
         already stored is not staged again and is answered with its first offsets (its future
         completes when that storage is durable); a gap raises ``SequenceGapError``, a sequence
         older than the remembered window ``DuplicateSequenceError``. Nothing is staged when an
-        error is raised.
+        error is raised (``WalStalledError`` as for ``stage``).
         """
         self._check_open()
+        if self._refusal is not None:
+            self._check_refusal()
         topic = self.ensure_topic(name)
         if producer_id:
             known = topic.producers.get(producer_id)

@@ -276,3 +276,66 @@ async def test_losing_the_kafka_leader_under_load_loses_nothing_acknowledged(
         finally:
             stop.set()
             broker.kill()
+
+
+@pytest.mark.timeout(300)
+async def test_kafka_stopped_under_load_refuses_then_resumes_by_itself(
+    tmp_path: Path, etcd_server: str, etcd_prefix: str
+) -> None:
+    """Kafka down for 30 s under load: publishes staged before wait and are acknowledged once
+    it is back (none is acknowledged that Kafka does not hold); new publishes are refused with
+    RESOURCE_EXHAUSTED once it has committed nothing for ``delivery_timeout_ms``; the broker
+    serves again by itself, without a restart, and every acknowledged batch is readable."""
+    with LocalKafkaCluster(1) as cluster:
+        storage = _storage(cluster.bootstrap_servers, tmp_path / "objects", "down.")
+        storage["wal"]["kafka"]["delivery_timeout_ms"] = 3000
+        broker = BrokerProcess(
+            tmp_path / "b1", etcd_server, prefix=etcd_prefix, lease_ttl=LEASE_TTL, storage=storage
+        )
+        await asyncio.to_thread(broker.start, 120.0)
+        answers: dict[int, Any] = {}
+        stop = asyncio.Event()
+        try:
+            load = asyncio.create_task(_load(broker.url, answers, stop))
+            await asyncio.sleep(2.0)
+            await asyncio.to_thread(cluster.kill, 1)
+            down = time.monotonic()
+            await asyncio.sleep(30.0)
+            during = dict(answers)
+            await asyncio.to_thread(cluster.restart, 1, 120.0)
+            back = time.monotonic()
+            served = None
+            while served is None and time.monotonic() < back + 60:
+                try:
+                    answer = (await publish(broker.url, [_request(new_producer_id(), 10**7)]))[0]
+                    served = answer if answer.code == 0 else None
+                except (grpc.aio.AioRpcError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.2)
+            assert served is not None, "the broker did not serve again once Kafka was back"
+            print(f"served again {time.monotonic() - back:.1f} s after Kafka was back")
+            stop.set()
+            await asyncio.wait_for(load, 90)
+            refused = [
+                a
+                for a in during.values()
+                if not isinstance(a, Exception)
+                and a.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+            ]
+            print(
+                f"{len(refused)} publishes refused while Kafka was down "
+                f"({time.monotonic() - down:.0f} s ago)"
+            )
+            assert refused, "no publish was refused while Kafka was down"
+            acked = {
+                tag: a for tag, a in answers.items() if not isinstance(a, Exception) and a.code == 0
+            }
+            end = max(a.base_offset for a in acked.values()) + 20
+            seen = {e.offset: e.payload for e in await _read(broker.url, end)}
+            for tag, a in acked.items():
+                assert [seen[a.base_offset + i] for i in range(20)] == [
+                    b"%d-%d" % (tag, i) for i in range(20)
+                ], f"acknowledged batch {tag} lost"
+        finally:
+            stop.set()
+            broker.kill()

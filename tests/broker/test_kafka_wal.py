@@ -76,6 +76,8 @@ async def test_acknowledged_messages_survive_the_loss_of_the_data_directory(
         broker.kill()
         _wipe(broker.data_dir, {broker.log_path.name, f"{broker.broker_id}.yml"})
         assert not (broker.data_dir / "wal").exists()
+        # A new data directory under the same broker id waits out the dead one's registration.
+        await asyncio.sleep(LEASE_TTL + 0.5)
         await asyncio.to_thread(broker.start, 90.0)
 
         again = await publish(broker.url, [batch_request(pid, seq) for seq in (8, 9, 10)])

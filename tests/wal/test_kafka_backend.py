@@ -218,3 +218,37 @@ def test_the_region_is_read_back_committed_only(kafka_server: str, tmp_path: Pat
     settings = KafkaWal(kafka_server, wal="reader", replication_factor=1)
     records = list(read_topic(settings, data, group="t"))
     assert records and all(message.error() is None for message in records)
+
+
+async def test_a_crash_during_recovery_is_repaired_by_the_next(
+    kafka_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recovery only reads Kafka and rebuilds the cache: one that dies half-way (here, the
+    cache's disk fails after a few records) leaves Kafka as it was, and the next one recovers
+    everything."""
+    settings = _settings(kafka_server)
+    log = await RegionLog.open(tmp_path / "r0", kafka=settings, segment_bytes=64 * 1024)
+    entries = [Entry(b"m%05d" % i + b"x" * 200) for i in range(1000)]
+    for start in range(0, 1000, 100):
+        await asyncio.wait_for(log.stage_batch(TOPIC, entries[start : start + 100]), ANSWER)
+    await log.close()
+
+    writes = 0
+    real = kafka_backend.os.pwrite
+
+    def failing(fd: int, data: bytes, offset: int) -> int:
+        nonlocal writes
+        writes += 1
+        if writes > 3:
+            raise OSError(28, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(kafka_backend.os, "pwrite", failing)
+    with pytest.raises(OSError, match="No space left"):
+        await RegionLog.open(tmp_path / "r0", kafka=settings, segment_bytes=64 * 1024)
+    monkeypatch.undo()
+    again = await RegionLog.open(tmp_path / "r0", kafka=settings, segment_bytes=64 * 1024)
+    try:
+        assert await _payloads(again) == [(i, bytes(e.payload)) for i, e in enumerate(entries)]
+    finally:
+        await again.close()

@@ -29,16 +29,17 @@ that snapshot is committed are the records below that segment's first Kafka offs
 with DeleteRecords. A crash between the two leaves records that recovery skips (they are below
 the snapshot's ``kept_from``) and that the next deletion removes.
 
-Kafka slow or down: a transaction that cannot commit is retried (abort, produce again, commit)
-until ``delivery_timeout_ms`` has passed since the group was taken; then the group and
-everything after it fail (the region refuses appends from then on: ``WalFailedError``).
-Nothing is reported durable that Kafka did not commit.
+Kafka slow or down: a commit that times out is committed again; a transaction Kafka aborted is
+produced again; for as long as Kafka is away (the group's offsets are assigned: it is stored,
+or the region fails). Once nothing was committed for ``delivery_timeout_ms``, ``refusal``
+makes the sequencer refuse new appends (``WalStalledError``, before they get an offset) until
+Kafka commits again: the broker resumes by itself. Only fencing or a fatal producer error fails
+the region (``WalFailedError``). Nothing is reported durable that Kafka did not commit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
@@ -68,8 +69,11 @@ from danube_ingest.wal.segment import list_segments, segment_path
 
 log = logging.getLogger(__name__)
 
-#: Seconds between two tries of a transaction Kafka refused (doubling up to 2 s).
+#: Seconds between two tries of a transaction Kafka refused (doubling up to ``MAX_BACKOFF``).
 RETRY_BACKOFF = 0.05
+MAX_BACKOFF = 1.0
+#: Seconds ``close`` lets a stalled commit go on trying before it gives up on the group.
+CLOSE_WAIT = 10.0
 
 
 class KafkaBackend:
@@ -101,6 +105,8 @@ class KafkaBackend:
         self._trimmed_from = 0
         #: Kafka transactions committed (what group commit shares; for tests and metrics).
         self.commits = 0
+        #: When the commit under way first failed (monotonic), None while Kafka commits.
+        self._stalled_since: float | None = None
 
     # -- recovery --------------------------------------------------------------------------
 
@@ -110,6 +116,16 @@ class KafkaBackend:
     def _recover(self, index_interval: int) -> RegionState:
         settings, names = self._settings, self.topics
         ensure_topics(settings, names)
+        self._producer = self._new_producer()
+        snapshot, kept_from = self._read_meta()
+        self._kept_from = self._trimmed_from = kept_from
+        self._rebuild_cache(snapshot, kept_from)
+        return recover_region(self._dir, index_interval)
+
+    def _new_producer(self) -> Producer:
+        """The region's transactional producer, initialised: every earlier producer of the
+        region is fenced from here on, and its open transaction aborted."""
+        settings, names = self._settings, self.topics
         producer = Producer(
             {
                 **settings.common(),
@@ -118,22 +134,16 @@ class KafkaBackend:
                 "acks": "all",
                 "linger.ms": 0,
                 "transaction.timeout.ms": max(settings.delivery_timeout_ms * 2, 60_000),
-                "message.timeout.ms": settings.delivery_timeout_ms,
+                "message.timeout.ms": max(settings.delivery_timeout_ms, 30_000),
             }
         )
         try:
-            # Bumps the epoch: every earlier producer of this region is fenced from here on,
-            # and its open transaction is aborted, so the reads below see a stable end.
-            producer.init_transactions(settings.delivery_timeout_ms / 1000.0)
+            producer.init_transactions(max(settings.delivery_timeout_ms / 1000.0, 30.0))
         except KafkaException as exc:
             raise KafkaWalError(
                 f"could not take the WAL region {names.transactional_id} in Kafka: {exc.args[0]}"
             ) from exc
-        self._producer = producer
-        snapshot, kept_from = self._read_meta()
-        self._kept_from = self._trimmed_from = kept_from
-        self._rebuild_cache(snapshot, kept_from)
-        return recover_region(self._dir, index_interval)
+        return producer
 
     def _read_meta(self) -> tuple[bytes | None, int]:
         latest: bytes | None = None
@@ -294,14 +304,17 @@ class KafkaBackend:
         return records
 
     def _commit(self, group: list[Chunk], metas: list[tuple[bytes, int, Future[None]]]) -> None:
-        """Produce the group (and meta records) in one transaction and commit it, trying
-        again until ``delivery_timeout_ms`` has passed."""
-        producer = self._producer
-        assert producer is not None
+        """Produce the group (and meta records) in one transaction and commit it. While Kafka
+        cannot commit, abort and try again (backing off up to ``MAX_BACKOFF``), for as long as
+        it takes: the group's offsets are assigned, so it is stored or the region fails. Only
+        fencing (another process took the region) or a fatal producer error fails it. While
+        no commit succeeds for ``delivery_timeout_ms``, ``refusal`` says so: new appends are
+        refused until Kafka commits again."""
         records = self._records(group)
-        deadline = time.monotonic() + self._settings.delivery_timeout_ms / 1000.0
         backoff = RETRY_BACKOFF
         while True:
+            producer = self._producer
+            assert producer is not None
             reports = _Deliveries()
             try:
                 producer.begin_transaction()
@@ -323,48 +336,99 @@ class KafkaBackend:
                         [(KEPT_FROM, str(kept_from).encode())],
                         reports.record(-1),
                     )
-                remaining = max(deadline - time.monotonic(), 0.1)
-                producer.commit_transaction(remaining)
             except KafkaException as exc:
-                error = exc.args[0]
-                if error.fatal() or error.code() in _FENCED or time.monotonic() >= deadline:
-                    with contextlib.suppress(KafkaException):
-                        producer.abort_transaction(1.0)
-                    raise KafkaWalError(
-                        f"Kafka did not commit the WAL's appends to {self.topics.data}: {error}"
-                    ) from exc
-                log.warning("kafka wal commit retried topic=%s error=%s", self.topics.data, error)
-                if not self._abort(deadline):
-                    raise KafkaWalError(
-                        f"Kafka did not commit the WAL's appends to {self.topics.data} within "
-                        f"{self._settings.delivery_timeout_ms} ms: {error}"
-                    ) from exc
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                self._retry_or_raise(exc.args[0], exc)
+                self._abort()
+                backoff = self._pause(backoff)
                 continue
-            if reports.errors:  # committed means every record was delivered: never seen
-                raise KafkaWalError(
-                    f"Kafka reported {reports.errors[0]} for a committed transaction"
-                )
-            for seq, offset in reports.first.items():
-                self._first_offset.setdefault(seq, offset)
-            return
+            if self._finish(producer):
+                break
+            self._abort()
+            backoff = self._pause(backoff)
+        if reports.errors:  # committed means every record was delivered: never seen
+            raise KafkaWalError(f"Kafka reported {reports.errors[0]} for a committed transaction")
+        self._stalled_since = None
+        for seq, offset in reports.first.items():
+            self._first_offset.setdefault(seq, offset)
 
-    def _abort(self, deadline: float) -> bool:
-        producer = self._producer
-        assert producer is not None
-        while time.monotonic() < deadline:
+    def _finish(self, producer: Producer) -> bool:
+        """Commit the transaction under way: True once committed, False if it must be aborted
+        and produced again. A commit that timed out is committed again (librdkafka's rule:
+        a retriable commit error is retried with the same call)."""
+        backoff = RETRY_BACKOFF
+        while True:
             try:
-                producer.abort_transaction(max(deadline - time.monotonic(), 0.1))
+                producer.commit_transaction(self._settings.delivery_timeout_ms / 1000.0)
                 return True
             except KafkaException as exc:
                 error = exc.args[0]
-                if error.fatal() or error.code() in _FENCED:
-                    raise
-                if error.code() == KafkaError._STATE:  # no transaction was begun
-                    return True
-                time.sleep(RETRY_BACKOFF)
-        return False
+                self._retry_or_raise(error, exc)
+                if error.txn_requires_abort() or not error.retriable():
+                    return False
+                backoff = self._pause(backoff)
+
+    def _retry_or_raise(self, error: KafkaError, exc: BaseException) -> None:
+        """Raise ``KafkaWalError`` for an error no retry cures (fenced, fatal, or any while the
+        region closes and Kafka has been away for ``CLOSE_WAIT``); otherwise note the stall."""
+        if error.code() in _FENCED or error.fatal():
+            # Never a new producer here: its init_transactions would fence whoever took the
+            # region over, and commit what they did not see.
+            why = (
+                "fenced: another process took the region"
+                if error.code() in _FENCED
+                else "a fatal producer error"
+            )
+            raise KafkaWalError(
+                f"Kafka refused the WAL's appends to {self.topics.data} for good ({why}): {error}"
+            ) from exc
+        if self._stalled_since is None:
+            self._stalled_since = time.monotonic()
+        if self._stopping and self._close_deadline_passed():
+            raise KafkaWalError(
+                f"Kafka did not commit the WAL's appends to {self.topics.data} before the "
+                f"region was closed: {error}"
+            ) from exc
+        log.warning("kafka wal commit retried topic=%s error=%s", self.topics.data, error)
+
+    @staticmethod
+    def _pause(backoff: float) -> float:
+        time.sleep(backoff)
+        return min(backoff * 2, MAX_BACKOFF)
+
+    def _abort(self) -> None:
+        """End the failed transaction, retrying while Kafka is away (no transaction under way
+        is fine)."""
+        producer = self._producer
+        assert producer is not None
+        backoff = RETRY_BACKOFF
+        while True:
+            try:
+                producer.abort_transaction(self._settings.delivery_timeout_ms / 1000.0)
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.code() == KafkaError._STATE:
+                    return  # no transaction was begun
+                self._retry_or_raise(error, exc)
+                backoff = self._pause(backoff)
+
+    def _close_deadline_passed(self) -> bool:
+        since = self._stalled_since
+        return since is not None and time.monotonic() - since > CLOSE_WAIT
+
+    def refusal(self) -> str | None:
+        """Why new appends are refused now (Kafka has committed nothing for
+        ``delivery_timeout_ms``), or None."""
+        since = self._stalled_since
+        if since is None:
+            return None
+        waited = time.monotonic() - since
+        if waited * 1000 < self._settings.delivery_timeout_ms:
+            return None
+        return (
+            f"Kafka has committed none of the WAL's appends for {waited:.0f} s "
+            f"({self.topics.data}); appends are refused until it does"
+        )
 
     @staticmethod
     def _produce(

@@ -62,9 +62,9 @@ class KafkaWal:
     """None: ``DEFAULT_REPLICATION_FACTOR``, refused on a smaller cluster."""
     min_insync_replicas: int | None = None
     """None: 2 when replicated at least 3 times, else 1."""
-    delivery_timeout_ms: int = 30_000
-    """How long a group of appends may wait for Kafka before it fails (the region then
-    refuses appends until it is reopened)."""
+    delivery_timeout_ms: int = 10_000
+    """Once Kafka has committed nothing for this long, new appends are refused
+    (``WalStalledError``) until it commits again."""
     client: dict[str, Any] = field(default_factory=dict)
     """librdkafka settings passed through (``security.protocol``, ``ssl.*``, ``sasl.*``)."""
 
