@@ -36,6 +36,7 @@ from danube_ingest.wal.block import encode_block
 from danube_ingest.wal.framing import Entry
 from tests.broker.support import metadata
 from tests.broker.test_batch_restart import TOPIC, batch_request, publish
+from tests.broker.test_kafka_wal import _wipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.kafka, pytest.mark.timeout(240)]
 
@@ -119,7 +120,9 @@ async def test_the_survivor_serves_every_acknowledged_message_of_a_dead_owner(
 
         owner.kill()
         killed = time.monotonic()
-        shutil.rmtree(owner.data_dir / "wal")  # the dead owner's WAL cache is gone too
+        # The dead owner's whole data directory is gone too (its log and config file stay).
+        _wipe(owner.data_dir, {owner.log_path.name, f"{owner.broker_id}.yml"})
+        assert not (owner.data_dir / "wal").exists()
         # The same producer goes on at the survivor: its sequences are known there.
         answer, served = await _publish_until_served(
             survivor.url, new_producer_id(), killed + LEASE_TTL + SLACK + 30

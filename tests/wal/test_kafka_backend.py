@@ -252,3 +252,18 @@ async def test_a_crash_during_recovery_is_repaired_by_the_next(
         assert await _payloads(again) == [(i, bytes(e.payload)) for i, e in enumerate(entries)]
     finally:
         await again.close()
+
+
+async def test_appends_are_counted_in_the_wal_metrics(kafka_server: str, tmp_path: Path) -> None:
+    from danube_ingest.observability.metrics import WAL_APPENDED_BYTES, WAL_GROUP_MESSAGES
+
+    before = WAL_APPENDED_BYTES._value.get()
+    groups = WAL_GROUP_MESSAGES._sum.get()
+    log = await RegionLog.open(tmp_path / "r0", kafka=_settings(kafka_server))
+    try:
+        batch = [Entry(b"x" * 100) for _ in range(10)]
+        await asyncio.wait_for(log.stage_batch(TOPIC, batch), ANSWER)
+    finally:
+        await log.close()
+    assert WAL_APPENDED_BYTES._value.get() - before > 1000
+    assert WAL_GROUP_MESSAGES._sum.get() - groups == 10

@@ -52,7 +52,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from danube_ingest.wal.backend import Chunk, LogSink
+from danube_ingest.wal.backend import Chunk, LogSink, observe_group
 from danube_ingest.wal.kafka.settings import RECORD_BYTES, KafkaWal, RegionTopics
 from danube_ingest.wal.kafka.topics import (
     DATA_KEY,
@@ -243,6 +243,8 @@ class KafkaBackend:
                 reports = self._cache(group)
                 self._commit(group, metas)
                 self.commits += 1
+                if group:
+                    observe_group(group)
                 for _payload, _kept, waiter in metas:
                     waiter.set_result(None)
                 assert self._log is not None

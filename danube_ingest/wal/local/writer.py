@@ -24,14 +24,8 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from danube_ingest.observability.metrics import (
-    WAL_APPEND_SECONDS,
-    WAL_APPENDED_BYTES,
-    WAL_FSYNC_SECONDS,
-    WAL_GROUP_BYTES,
-    WAL_GROUP_MESSAGES,
-)
-from danube_ingest.wal.backend import Chunk, FsyncMode, LogSink, chunk_bytes
+from danube_ingest.observability.metrics import WAL_FSYNC_SECONDS
+from danube_ingest.wal.backend import Chunk, FsyncMode, LogSink, chunk_bytes, observe_group
 from danube_ingest.wal.local.files import precreate_segment, remove_segments, spare_seq
 from danube_ingest.wal.meta import Snapshot, fsync_dir, write_snapshot
 from danube_ingest.wal.recovery import RegionState, recover_region
@@ -261,7 +255,7 @@ class FileBackend:
                 self._die(exc, group)
                 break
             self._acked_size = self._active_size
-            _observe_group(group)
+            observe_group(group)
             # Before the group is announced: what arrives from now on may be its own appenders'
             # next appends, which waited for it, and must not count as a stream.
             self._in_io = False
@@ -468,18 +462,3 @@ class FileBackend:
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()
-
-
-def _observe_group(group: list[Chunk]) -> None:
-    """Record a durable group commit in the WAL metrics (writer thread; a few µs per group)."""
-    done = time.monotonic()
-    nbytes = 0
-    messages = 0
-    for chunk in group:
-        WAL_APPEND_SECONDS.observe(done - chunk.handed)
-        nbytes += chunk_bytes(chunk)
-        for entry_group in chunk.groups:
-            messages += len(entry_group[1])
-    WAL_APPENDED_BYTES.inc(nbytes)
-    WAL_GROUP_BYTES.observe(nbytes)
-    WAL_GROUP_MESSAGES.observe(messages)
