@@ -72,6 +72,10 @@ log = logging.getLogger(__name__)
 #: Seconds between two tries of a transaction Kafka refused (doubling up to ``MAX_BACKOFF``).
 RETRY_BACKOFF = 0.05
 MAX_BACKOFF = 1.0
+#: How long Kafka may be away before the region fails (records time out), and the transaction
+#: timeout that must cover it (see ``_new_producer``).
+MESSAGE_TIMEOUT_MS = 600_000
+TRANSACTION_TIMEOUT_MS = 900_000
 #: Seconds ``close`` lets a stalled commit go on trying before it gives up on the group.
 CLOSE_WAIT = 10.0
 
@@ -107,6 +111,9 @@ class KafkaBackend:
         self.commits = 0
         #: When the commit under way first failed (monotonic), None while Kafka commits.
         self._stalled_since: float | None = None
+        #: When the commit under way began (monotonic), None between commits: a commit older
+        #: than ``delivery_timeout_ms`` makes ``refusal`` refuse new appends.
+        self._commit_started: float | None = None
 
     # -- recovery --------------------------------------------------------------------------
 
@@ -133,8 +140,14 @@ class KafkaBackend:
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 0,
-                "transaction.timeout.ms": max(settings.delivery_timeout_ms * 2, 60_000),
-                "message.timeout.ms": max(settings.delivery_timeout_ms, 30_000),
+                # A record Kafka did not take within message.timeout.ms leaves the producer
+                # in a state only a new epoch cures (a fatal error for us): long enough to
+                # ride out an outage of Kafka. The transaction timeout must be at least that
+                # (at most the brokers' transaction.max.timeout.ms, 15 min by default); an
+                # open transaction of a dead owner never blocks a reader, whose
+                # init_transactions aborts it first.
+                "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                "message.timeout.ms": MESSAGE_TIMEOUT_MS,
             }
         )
         try:
@@ -313,6 +326,7 @@ class KafkaBackend:
         no commit succeeds for ``delivery_timeout_ms``, ``refusal`` says so: new appends are
         refused until Kafka commits again."""
         records = self._records(group)
+        self._commit_started = time.monotonic()
         backoff = RETRY_BACKOFF
         while True:
             producer = self._producer
@@ -349,7 +363,14 @@ class KafkaBackend:
             backoff = self._pause(backoff)
         if reports.errors:  # committed means every record was delivered: never seen
             raise KafkaWalError(f"Kafka reported {reports.errors[0]} for a committed transaction")
-        self._stalled_since = None
+        self._commit_started = None
+        if self._stalled_since is not None:
+            log.warning(
+                "kafka wal commits again topic=%s after_seconds=%.1f",
+                self.topics.data,
+                time.monotonic() - self._stalled_since,
+            )
+            self._stalled_since = None
         for seq, offset in reports.first.items():
             self._first_offset.setdefault(seq, offset)
 
@@ -419,9 +440,9 @@ class KafkaBackend:
         return since is not None and time.monotonic() - since > CLOSE_WAIT
 
     def refusal(self) -> str | None:
-        """Why new appends are refused now (Kafka has committed nothing for
-        ``delivery_timeout_ms``), or None."""
-        since = self._stalled_since
+        """Why new appends are refused now (the commit under way began ``delivery_timeout_ms``
+        ago or more: Kafka has committed nothing since), or None."""
+        since = self._commit_started
         if since is None:
             return None
         waited = time.monotonic() - since
