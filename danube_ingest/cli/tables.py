@@ -343,8 +343,13 @@ async def _convert_async(args: argparse.Namespace) -> int:
             return 2
         spec = spark = None
         if args.engine == "spark":
+            # Spark's JVM is started with no etcd (gRPC) connection open: gRPC skips its fork
+            # handlers while a call is in flight, and the gateway's launch then fails now and
+            # then ("Java gateway process exited"). Reconnected once Spark runs.
+            await kv.close()
             spec = StoreSpec.from_config(config)
             spark = spark_session("danube-ingest-tables-convert")
+            kv = await _connect(config, endpoints)
         objects = ObjectStore.from_config(config)
         try:
             return await _convert_topic(args, kv, keys, objects, spark, spec)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,24 +120,35 @@ def _check(admin: AdminClient, names: list[str]) -> None:
                 f"WAL topic {name} has {partitions[name]} partitions; a region's log is one "
                 "partition (delete the topic or choose another storage.wal.kafka.topic_prefix)"
             )
-    resources = [ConfigResource(ResourceType.TOPIC, name) for name in names]
-    for resource, future in admin.describe_configs(
-        resources, request_timeout=ADMIN_TIMEOUT
-    ).items():
-        try:
-            config = future.result()
-        except KafkaException as exc:
-            raise KafkaWalError(
-                f"could not read the configuration of WAL topic {resource.name}: {exc.args[0]}"
-            ) from exc
+    for name in names:
+        config = _topic_config(admin, name)
         for key in ("retention.ms", "retention.bytes"):
             entry = config.get(key)
             if entry is not None and entry.value not in (None, "-1"):
                 raise KafkaWalError(
-                    f"WAL topic {resource.name} has {key}={entry.value}: Kafka would delete "
+                    f"WAL topic {name} has {key}={entry.value}: Kafka would delete "
                     "acknowledged entries before they are uploaded. Set it to -1 (the WAL "
                     "deletes what is uploaded and committed itself)"
                 )
+
+
+def _topic_config(admin: AdminClient, name: str) -> dict[str, Any]:
+    """The topic's configuration; a topic just created may be unknown to the broker asked for
+    a moment (its metadata is still spreading through the cluster): asked again then."""
+    deadline = time.monotonic() + ADMIN_TIMEOUT
+    while True:
+        resource = ConfigResource(ResourceType.TOPIC, name)
+        future = admin.describe_configs([resource], request_timeout=ADMIN_TIMEOUT)[resource]
+        try:
+            config: dict[str, Any] = future.result()
+            return config
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise KafkaWalError(
+                    f"could not read the configuration of WAL topic {name}: {error}"
+                ) from exc
+            time.sleep(0.2)
 
 
 def delete_below(settings: KafkaWal, topic: str, offset: int) -> None:
