@@ -267,3 +267,21 @@ async def test_appends_are_counted_in_the_wal_metrics(kafka_server: str, tmp_pat
         await log.close()
     assert WAL_APPENDED_BYTES._value.get() - before > 1000
     assert WAL_GROUP_MESSAGES._sum.get() - groups == 10
+
+
+async def test_a_snapshot_of_a_fenced_region_fails_instead_of_hanging(
+    kafka_server: str, tmp_path: Path
+) -> None:
+    """A snapshot whose transaction is refused (the region was taken over) reports the error
+    to its caller: it never waits forever."""
+    settings = _settings(kafka_server)
+    first = await RegionLog.open(tmp_path / "a" / "r0", kafka=settings)
+    second = await RegionLog.open(tmp_path / "b" / "r0", kafka=settings)
+    try:
+        backend = first._backend
+        assert isinstance(backend, KafkaBackend)
+        with pytest.raises(OSError, match=r"(?i)fenced"):
+            await asyncio.wait_for(backend.snapshot(first._snapshot(first.active_seq)), ANSWER)
+    finally:
+        await second.close()
+        await first.close()

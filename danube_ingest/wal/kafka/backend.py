@@ -243,6 +243,7 @@ class KafkaBackend:
 
     def _run(self) -> None:
         group: list[Chunk] = []
+        metas: list[tuple[bytes, int, Future[None]]] = []
         try:
             while True:
                 with self._cond:
@@ -263,17 +264,23 @@ class KafkaBackend:
                 assert self._log is not None
                 for chunks, sealed in reports:
                     self._log.loop.call_soon_threadsafe(self._log.chunks_written, chunks, sealed)
-                group = []
+                group, metas = [], []
         except BaseException as exc:  # every waiter must hear of it
-            self._die(exc, group)
+            self._die(exc, group, metas)
 
-    def _die(self, exc: BaseException, group: list[Chunk]) -> None:
+    def _die(
+        self,
+        exc: BaseException,
+        group: list[Chunk],
+        metas: list[tuple[bytes, int, Future[None]]],
+    ) -> None:
         log.error("kafka wal region failed topic=%s error=%r", self.topics.data, exc)
         with self._cond:
             self._failure = exc
             failed = group + list(self._queue)
             self._queue.clear()
-            metas, self._metas = self._metas, []
+            metas = metas + self._metas
+            self._metas = []
         for _payload, _kept, waiter in metas:
             if not waiter.done():
                 waiter.set_exception(exc)
