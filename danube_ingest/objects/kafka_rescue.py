@@ -140,6 +140,16 @@ class KafkaTailRescue(BackgroundLoop):
         previous = record.previous
         settings = dataclasses.replace(self._kafka, wal=previous)
         regions = await asyncio.to_thread(self._regions, previous)
+        if not regions:
+            # Its WAL id names this Kafka, yet no region of it is there (deleted by hand?):
+            # resolving would skip whatever it acknowledged. Left pending for an operator.
+            log.error(
+                "kafka tail not found: no WAL topics of %s in Kafka (prefix %s) topic=%s",
+                previous,
+                self._kafka.topic_prefix,
+                record.topic,
+            )
+            return None
         ranges: list[ObjectRange] = []
         producers: dict[int, list[tuple[int, int, int]]] = {}
         scanned = 0
