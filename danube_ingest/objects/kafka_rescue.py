@@ -62,6 +62,7 @@ from danube_ingest.objects.uploader import (
     build_segment_object,
     object_offsets,
     segment_key,
+    segment_range,
 )
 from danube_ingest.wal.kafka import KafkaBackend, KafkaWal
 from danube_ingest.wal.kafka.topics import ADMIN_TIMEOUT, KafkaWalError
@@ -161,7 +162,8 @@ class KafkaTailRescue(BackgroundLoop):
                 scanned += sum(state.segments.values())
                 built = await asyncio.to_thread(self._build, state, scratch, record, region)
                 for obj in built:
-                    ranges.append(_range(record, await self._store(obj)))
+                    put = await self._store(obj)
+                    ranges.append(segment_range(put, record.topic, record.previous, record.epoch))
                 meta = state.topics.get(record.topic)
                 if meta is not None:
                     producers.update(_table(meta))
@@ -267,27 +269,6 @@ class KafkaTailRescue(BackgroundLoop):
                 log.warning("kafka tails not rescued (will retry) error=%s", exc)
             self._wakeup.clear()
             await wait_event(self._wakeup, self._interval)
-
-
-def _range(record: Handover, obj: SegmentObject) -> ObjectRange:
-    """The object's range of the record's topic, committed in the previous broker's name."""
-    span = obj.footer.topics[record.topic]
-    return ObjectRange(
-        topic=record.topic,
-        object_key=obj.key,
-        start_offset=span.first_offset,
-        end_offset=span.last_offset + 1,
-        entries=span.entries,
-        byte_start=span.position,
-        byte_length=span.length,
-        object_size=obj.size,
-        object_crc=obj.crc,
-        first_ingest_ms=span.first_ingest_ms,
-        last_ingest_ms=span.last_ingest_ms,
-        kind="segment",
-        broker=record.previous,
-        epoch=record.epoch,
-    )
 
 
 def _table(meta: TopicMeta) -> dict[int, list[tuple[int, int, int]]]:

@@ -523,7 +523,7 @@ class SegmentUploader:
         # another broker owned the topic: checked against the manifest before committing.
         careful_all = obj.found or (region.region, seq) in self._recovered
         careful: set[str] = set()
-        for topic, span in obj.footer.topics.items():
+        for topic in obj.footer.topics:
             owner = ownership.owned(topic)
             if owner is None:
                 try:
@@ -539,22 +539,7 @@ class SegmentUploader:
                     continue
                 careful.add(topic)
             ranges.append(
-                ObjectRange(
-                    topic=topic,
-                    object_key=obj.key,
-                    start_offset=span.first_offset,
-                    end_offset=span.last_offset + 1,
-                    entries=span.entries,
-                    byte_start=span.position,
-                    byte_length=span.length,
-                    object_size=obj.size,
-                    object_crc=obj.crc,
-                    first_ingest_ms=span.first_ingest_ms,
-                    last_ingest_ms=span.last_ingest_ms,
-                    kind="segment",
-                    broker=self._broker_id,
-                    epoch=owner.epoch if owner is not None else 0,
-                )
+                segment_range(obj, topic, self._broker_id, owner.epoch if owner is not None else 0)
             )
         already: list[ObjectRange] = []
         stale: list[str] = []
@@ -690,6 +675,28 @@ class SegmentUploader:
                 )
             await asyncio.sleep(delay)
             retry += 1
+
+
+def segment_range(obj: SegmentObject, topic: str, broker: str, epoch: int) -> ObjectRange:
+    """The manifest entry of ``topic``'s range in segment object ``obj``, written by
+    ``broker`` under ownership ``epoch``."""
+    span = obj.footer.topics[topic]
+    return ObjectRange(
+        topic=topic,
+        object_key=obj.key,
+        start_offset=span.first_offset,
+        end_offset=span.last_offset + 1,
+        entries=span.entries,
+        byte_start=span.position,
+        byte_length=span.length,
+        object_size=obj.size,
+        object_crc=obj.crc,
+        first_ingest_ms=span.first_ingest_ms,
+        last_ingest_ms=span.last_ingest_ms,
+        kind="segment",
+        broker=broker,
+        epoch=epoch,
+    )
 
 
 def object_offsets(footer: Footer) -> list[tuple[str, int, int, int]]:

@@ -63,6 +63,7 @@ from danube_ingest.wal.kafka.topics import (
     ensure_topics,
     read_topic,
 )
+from danube_ingest.wal.local.files import SegmentReads
 from danube_ingest.wal.meta import SNAPSHOT_NAME, Snapshot, write_atomic
 from danube_ingest.wal.recovery import RegionState, recover_region
 from danube_ingest.wal.segment import list_segments, segment_path
@@ -100,7 +101,7 @@ class KafkaBackend:
         self._log: LogSink | None = None
         self._active = -1
         self._active_fd = -1
-        self._read_fds: dict[int, int] = {}
+        self._reads = SegmentReads(cache_dir)
         #: seq -> Kafka offset of its first record (for DeleteRecords).
         self._first_offset: dict[int, int] = {}
         #: Lowest segment not deleted (what the next snapshot records as ``kept_from``).
@@ -480,27 +481,11 @@ class KafkaBackend:
 
     # -- reading, deleting, snapshots --------------------------------------------------------
 
-    def _read_fd(self, seq: int) -> int:
-        fd = self._read_fds.get(seq)
-        if fd is None:
-            fd = os.open(segment_path(self._dir, seq), os.O_RDONLY)
-            self._read_fds[seq] = fd
-        return fd
-
     async def read(self, seq: int, start: int, size: int) -> bytes:
-        fd = self._read_fd(seq)
-        if size <= 256 * 1024:
-            return os.pread(fd, size, start)
-        fd = os.dup(fd)
-        try:
-            return await asyncio.to_thread(os.pread, fd, size, start)
-        finally:
-            os.close(fd)
+        return await self._reads.read(seq, start, size)
 
     def delete(self, seq: int) -> asyncio.Future[None]:
-        fd = self._read_fds.pop(seq, None)
-        if fd is not None:
-            os.close(fd)
+        self._reads.forget(seq)
         segment_path(self._dir, seq).unlink(missing_ok=True)
         # Kafka keeps the records until a snapshot records that the segment is gone.
         self._kept_from = max(self._kept_from, seq + 1)
@@ -569,9 +554,7 @@ class KafkaBackend:
         if self._active_fd >= 0:
             os.close(self._active_fd)
             self._active_fd = -1
-        for fd in self._read_fds.values():
-            os.close(fd)
-        self._read_fds.clear()
+        self._reads.close()
         if self._producer is not None:
             await asyncio.to_thread(self._producer.flush, 5.0)
 

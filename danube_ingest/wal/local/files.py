@@ -6,6 +6,7 @@ segment that was acknowledged into, or whose removal was reported, stays so afte
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import logging
@@ -78,3 +79,44 @@ def spare_seq(spare: Future[int | None]) -> int | None:
         return spare.result()
     except Exception:
         return None
+
+
+class SegmentReads:
+    """Reads of a region directory's segment files through one open descriptor per segment
+    (both backends read their files this way: the file backend its log, the Kafka backend its
+    cache). Use from the event loop."""
+
+    def __init__(self, region_dir: Path) -> None:
+        self._dir = region_dir
+        self._fds: dict[int, int] = {}
+
+    def _fd(self, seq: int) -> int:
+        fd = self._fds.get(seq)
+        if fd is None:
+            fd = os.open(segment_path(self._dir, seq), os.O_RDONLY)
+            self._fds[seq] = fd
+        return fd
+
+    async def read(self, seq: int, start: int, size: int) -> bytes:
+        """Bytes ``[start, start + size)`` of segment ``seq``; large reads in a thread."""
+        fd = self._fd(seq)
+        if size <= 256 * 1024:
+            return os.pread(fd, size, start)
+        # A duplicate: forget() or close() may close ``fd`` while the thread reads (and the
+        # number be reused for another file); the deleted file stays readable through it.
+        fd = os.dup(fd)
+        try:
+            return await asyncio.to_thread(os.pread, fd, size, start)
+        finally:
+            os.close(fd)
+
+    def forget(self, seq: int) -> None:
+        """Close segment ``seq``'s descriptor (it is being deleted)."""
+        fd = self._fds.pop(seq, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

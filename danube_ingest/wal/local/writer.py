@@ -26,7 +26,12 @@ from pathlib import Path
 
 from danube_ingest.observability.metrics import WAL_FSYNC_SECONDS
 from danube_ingest.wal.backend import Chunk, FsyncMode, LogSink, chunk_bytes, observe_group
-from danube_ingest.wal.local.files import precreate_segment, remove_segments, spare_seq
+from danube_ingest.wal.local.files import (
+    SegmentReads,
+    precreate_segment,
+    remove_segments,
+    spare_seq,
+)
 from danube_ingest.wal.meta import Snapshot, fsync_dir, write_snapshot
 from danube_ingest.wal.recovery import RegionState, recover_region
 from danube_ingest.wal.segment import segment_path
@@ -96,7 +101,7 @@ class FileBackend:
         self._thread: threading.Thread | None = None
         self._log: LogSink | None = None
         self._snapshot_lock = threading.Lock()
-        self._read_fds: dict[int, int] = {}
+        self._reads = SegmentReads(region_dir)
         #: Segment removals under way in worker threads (delete()).
         self._removals: set[asyncio.Future[None]] = set()
         #: Deleted segments whose file is not known to be removed yet.
@@ -392,29 +397,11 @@ class FileBackend:
                     remove_segments(self._dir, [seq])
         self._file_pool.shutdown(wait=True)
 
-    def _read_fd(self, seq: int) -> int:
-        fd = self._read_fds.get(seq)
-        if fd is None:
-            fd = os.open(segment_path(self._dir, seq), os.O_RDONLY)
-            self._read_fds[seq] = fd
-        return fd
-
     async def read(self, seq: int, start: int, size: int) -> bytes:
-        fd = self._read_fd(seq)
-        if size <= 256 * 1024:
-            return os.pread(fd, size, start)
-        # A duplicate: delete() or close() may close ``fd`` while the thread reads (and the
-        # number be reused for another file); the deleted file stays readable through it.
-        fd = os.dup(fd)
-        try:
-            return await asyncio.to_thread(os.pread, fd, size, start)
-        finally:
-            os.close(fd)
+        return await self._reads.read(seq, start, size)
 
     def delete(self, seq: int) -> asyncio.Future[None]:
-        fd = self._read_fds.pop(seq, None)
-        if fd is not None:
-            os.close(fd)
+        self._reads.forget(seq)
         # Unlinking frees the file's blocks and the directory sync waits for a journal commit:
         # milliseconds each, a segment at a time under full load, so not on the event loop
         # (nor in the default executor, where it would queue behind reads). close() waits for
@@ -459,6 +446,4 @@ class FileBackend:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
         await self.removed()
-        for fd in self._read_fds.values():
-            os.close(fd)
-        self._read_fds.clear()
+        self._reads.close()
