@@ -185,6 +185,20 @@ async def _load(url: str, answers: dict[int, Any], stop: asyncio.Event) -> None:
     await asyncio.gather(*(stream() for _ in range(8)))
 
 
+def _acked(answers: dict[int, Any]) -> dict[int, Any]:
+    """The answers of ``_load`` that acknowledged their batch, by tag."""
+    return {tag: a for tag, a in answers.items() if not isinstance(a, Exception) and a.code == 0}
+
+
+def _assert_all_there(seen: list[Entry], acked: dict[int, Any]) -> None:
+    """Every acknowledged batch is read back at the offsets it was acknowledged with."""
+    by_offset = {e.offset: e.payload for e in seen}
+    for tag, a in acked.items():
+        assert [by_offset[a.base_offset + i] for i in range(20)] == [
+            b"%d-%d" % (tag, i) for i in range(20)
+        ], f"acknowledged batch {tag} is not where it was acknowledged"
+
+
 async def test_an_owner_paused_past_its_lease_is_fenced_and_loses_nothing(
     tmp_path: Path, etcd_server: str, etcd_prefix: str, kafka_server: str
 ) -> None:
@@ -208,20 +222,13 @@ async def test_an_owner_paused_past_its_lease_is_fenced_and_loses_nothing(
         )
         os.kill(owner.process.pid, signal.SIGCONT)
         await asyncio.wait_for(load, 60)
-        acked = {
-            tag: a for tag, a in answers.items() if not isinstance(a, Exception) and a.code == 0
-        }
+        acked = _acked(answers)
         refused = len(answers) - len(acked)
         print(f"old owner: {len(acked)} batches acknowledged, {refused} failed after waking")
         assert len(acked) >= 10
         assert refused >= 1, "the publishes in flight when it froze were acknowledged"
         assert answer.base_offset == 20 * len(acked), "the survivor continues after them"
-        seen = await _read(survivor.url, answer.base_offset)
-        by_offset = {e.offset: e.payload for e in seen}
-        for tag, a in acked.items():
-            assert [by_offset[a.base_offset + i] for i in range(20)] == [
-                b"%d-%d" % (tag, i) for i in range(20)
-            ], f"acknowledged batch {tag} is not where it was acknowledged"
+        _assert_all_there(await _read(survivor.url, answer.base_offset), acked)
         log = owner.log_path.read_text(errors="replace")
         assert "kafka wal region failed" not in log or "fenc" in log.lower()
     finally:
@@ -260,9 +267,7 @@ async def test_losing_the_kafka_leader_under_load_loses_nothing_acknowledged(
             await asyncio.sleep(8.0)
             stop.set()
             await asyncio.wait_for(load, 90)
-            acked = {
-                tag: a for tag, a in answers.items() if not isinstance(a, Exception) and a.code == 0
-            }
+            acked = _acked(answers)
             after = [tag for tag in acked if tag >= before + 8]
             print(f"{len(acked)} of {len(answers)} acknowledged, {len(after)} after the kill")
             assert after, "publishing did not go on after the leader was killed"
@@ -271,11 +276,7 @@ async def test_losing_the_kafka_leader_under_load_loses_nothing_acknowledged(
             shutil.rmtree(broker.data_dir / "wal")
             await asyncio.to_thread(broker.start, 120.0)
             end = max(a.base_offset for a in acked.values()) + 20
-            seen = {e.offset: e.payload for e in await _read(broker.url, end)}
-            for tag, a in acked.items():
-                assert [seen[a.base_offset + i] for i in range(20)] == [
-                    b"%d-%d" % (tag, i) for i in range(20)
-                ], f"acknowledged batch {tag} lost"
+            _assert_all_there(await _read(broker.url, end), acked)
         finally:
             stop.set()
             broker.kill()
@@ -329,15 +330,9 @@ async def test_kafka_stopped_under_load_refuses_then_resumes_by_itself(
             print(f"served again {time.monotonic() - back:.1f} s after Kafka was back")
             stop.set()
             await asyncio.wait_for(load, 90)
-            acked = {
-                tag: a for tag, a in answers.items() if not isinstance(a, Exception) and a.code == 0
-            }
+            acked = _acked(answers)
             end = max(a.base_offset for a in acked.values()) + 20
-            seen = {e.offset: e.payload for e in await _read(broker.url, end)}
-            for tag, a in acked.items():
-                assert [seen[a.base_offset + i] for i in range(20)] == [
-                    b"%d-%d" % (tag, i) for i in range(20)
-                ], f"acknowledged batch {tag} lost"
+            _assert_all_there(await _read(broker.url, end), acked)
         finally:
             stop.set()
             broker.kill()
