@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup kafka-jars dev test lint typecheck unit bench clean redis-server libfaketime gcc
+.PHONY: setup kafka-jars iceberg-jars dev test lint typecheck unit bench clean redis-server libfaketime gcc
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,20 @@ $(KAFKA_STAMP): tools/kafka/pom.xml
 
 kafka-jars: $(KAFKA_STAMP)
 
-setup: $(STAMP) kafka-jars
+## Spark's Iceberg runtime and the SQLite JDBC driver (Spark SQL reads the topics' Iceberg
+## tables by name with them): tools/iceberg/pom.xml's dependencies, into .deps/iceberg (after
+## the Kafka jars, whose rule installs Maven when it is missing).
+ICEBERG_JARS := .deps/iceberg
+ICEBERG_STAMP := $(ICEBERG_JARS)/.fetched-stamp
+
+$(ICEBERG_STAMP): tools/iceberg/pom.xml $(KAFKA_STAMP)
+	rm -rf $(ICEBERG_JARS)
+	mvn -q -B -f tools/iceberg/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(ICEBERG_JARS)
+	touch $(ICEBERG_STAMP)
+
+iceberg-jars: $(ICEBERG_STAMP)
+
+setup: $(STAMP) kafka-jars iceberg-jars
 
 ## redis-server (Debian's package): the Redis Streams peer of the benchmarks, and of the
 ## benchmark runner's test. Installed with apt-get when missing and we are root.
