@@ -86,6 +86,7 @@ from danube_ingest.analytics.checks import (
     topics_with_manifest,
 )
 from danube_ingest.analytics.convert import failure_cause, pending_partitions
+from danube_ingest.analytics.iceberg import IcebergTarget
 from danube_ingest.analytics.lifecycle import CollectResult, collect
 from danube_ingest.analytics.preflight import Preflight, preflight, table_starts
 from danube_ingest.errors import DanubeIngestError
@@ -550,7 +551,13 @@ def collect_parquet(
 
     async def work(kv: KV, keys: Keys) -> CollectResult:
         async with objects.open() as store:
-            return await collect(kv, keys, store, root=objects.warehouse_root)
+            return await collect(
+                kv,
+                keys,
+                store,
+                root=objects.warehouse_root,
+                iceberg=IcebergTarget.from_config(objects.broker_config()),
+            )
 
     result = _run_etcd(etcd, work)
     counts = result.counts()

@@ -12,6 +12,7 @@ import asyncio
 
 from dagster import Failure, MetadataValue, OpExecutionContext, Output, job, op
 
+from danube_ingest.analytics.iceberg import IcebergTarget
 from danube_ingest.analytics.lifecycle import ExpireResult, expire_partitions
 from danube_ingest.config.values import parse_duration, parse_size
 from danube_ingest.errors import ConfigError
@@ -48,7 +49,8 @@ def apply_object_retention(
     async def run() -> tuple[RetentionReport, ExpireResult]:
         async with etcd.connect() as (kv, keys), objects.open() as store:
             report = await apply_retention(kv, keys, default=default)
-            tables = await expire_partitions(kv, keys, store, default=default)
+            iceberg = IcebergTarget.from_config(objects.broker_config())
+            tables = await expire_partitions(kv, keys, store, default=default, iceberg=iceberg)
             return report, tables
 
     report, tables = asyncio.run(run())

@@ -25,7 +25,7 @@ from danube_ingest.analytics.convert import (
 )
 from danube_ingest.analytics.decode import SchemaDecoder, entries_to_batch, load_decoder
 from danube_ingest.analytics.read import TopicRead, open_topic, read_topic
-from danube_ingest.analytics.session import spark_session
+from danube_ingest.analytics.session import catalog_session, spark_session
 from danube_ingest.analytics.source import (
     MAX_ROWS,
     ReadPart,
@@ -46,6 +46,7 @@ __all__ = [
     "StoreSpec",
     "TopicRead",
     "aread_part",
+    "catalog_session",
     "convert",
     "entries_to_batch",
     "load_decoder",

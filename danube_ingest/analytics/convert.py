@@ -45,6 +45,7 @@ from danube_ingest.analytics.commit import (
 )
 from danube_ingest.analytics.decode import SchemaDecoder, load_decoder
 from danube_ingest.analytics.errors import AnalyticsError
+from danube_ingest.analytics.iceberg import IcebergTarget, PublishResult, publish
 from danube_ingest.analytics.layout import (
     DEFAULT_ROOT,
     DEFAULT_WIDTH_S,
@@ -160,6 +161,8 @@ class ConvertResult:
     """The rendition's frontier after the run."""
     input_revision: int
     """The etcd revision of the clock and manifest the run planned from (0: nothing planned)."""
+    published: PublishResult | None = None
+    """What publishing the table to the Iceberg catalog did (None: no catalog given)."""
 
 
 @dataclass(frozen=True)
@@ -455,6 +458,7 @@ async def convert(
     rendition: str | None = None,
     objects_spec: StoreSpec | None = None,
     warehouse_spec: StoreSpec | None = None,
+    iceberg: IcebergTarget | None = None,
 ) -> ConvertResult:
     """Convert ``topic``'s complete partitions into committed Parquet (module docstring).
 
@@ -463,10 +467,13 @@ async def convert(
     when the table is created (an existing table keeps its width). ``rendition``: convert into
     this rendition instead of the active one (e.g. a new one being built). Engine ``"spark"``
     needs ``objects_spec`` and ``warehouse_spec`` (how its tasks open the same stores) and
-    uses ``spark`` or the active session.
+    uses ``spark`` or the active session. ``iceberg``: where the table is published once the
+    run's commits are (``iceberg.publish``: the Iceberg table then holds exactly the active
+    rendition's published partitions, including what earlier runs left unpublished).
 
     Raises :class:`ConvertError` for a partition that cannot be converted (not complete, before
-    the table's since, an object missing or damaged) and the commit errors of ``commit.py``.
+    the table's since, an object missing or damaged), the commit errors of ``commit.py`` and
+    ``IcebergPublishError`` (the run's Parquet commits stand; the next run publishes them).
     """
     check_root(root)
     if engine not in ("local", "spark"):
@@ -553,6 +560,10 @@ async def convert(
                 )  # fmt: skip
                 results[task.start_ms] = _result(outcome.record, outcome.status)
     upper = await advance_frontier(kv, keys, topic, name)
+    published = None
+    if iceberg is not None:
+        # (Also after a failure: what the run did commit becomes visible by name.)
+        published = await publish(kv, keys, topic, iceberg)
     if failure is not None:
         log.error("conversion failed topic=%s rendition=%s error=%s", topic, name, failure)
         raise failure
@@ -569,7 +580,7 @@ async def convert(
         upper,
         plan_input.revision,
     )
-    return ConvertResult(topic, name, partitions, upper, plan_input.revision)
+    return ConvertResult(topic, name, partitions, upper, plan_input.revision, published)
 
 
 def result_json(result: ConvertResult) -> dict[str, Any]:
@@ -579,6 +590,8 @@ def result_json(result: ConvertResult) -> dict[str, Any]:
         "rendition": result.rendition,
         "upper_ms": result.upper_ms,
         "input_revision": result.input_revision,
+        "iceberg_table": None if result.published is None else result.published.table,
+        "iceberg_snapshot": None if result.published is None else result.published.snapshot_id,
         "partitions": [
             {
                 "start_ms": p.start_ms,

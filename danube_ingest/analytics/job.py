@@ -49,10 +49,11 @@ from danube_ingest.analytics.convert import (
     failure_cause,
     result_json,
 )
+from danube_ingest.analytics.iceberg import IcebergTarget
 from danube_ingest.analytics.layout import DEFAULT_ROOT, DEFAULT_WIDTH_S
 from danube_ingest.analytics.preflight import preflight
 from danube_ingest.analytics.session import spark_session
-from danube_ingest.config import load_config
+from danube_ingest.config import config_from_env
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.errors import ConfigError, DanubeIngestError
 from danube_ingest.metadata.etcd import EtcdKV
@@ -67,8 +68,6 @@ __all__ = ["main"]
 
 log = logging.getLogger("danube_ingest.analytics.job")
 
-CONFIG_ENV = "DANUBE_INGEST_CONFIG"
-DATA_DIR_ENV = "DANUBE_INGEST_DATA_DIR"
 ENDPOINTS_ENV = "DANUBE_INGEST_ETCD_ENDPOINTS"
 PREFIX_ENV = "DANUBE_INGEST_ETCD_PREFIX"
 PIPES_ENV = "DAGSTER_PIPES_CONTEXT"
@@ -103,10 +102,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config() -> BrokerConfig:
-    overrides = (
-        {"broker.data_dir": os.environ[DATA_DIR_ENV]} if DATA_DIR_ENV in os.environ else None
-    )
-    return load_config(os.environ.get(CONFIG_ENV) or None, overrides)
+    return config_from_env()
 
 
 def _session() -> SparkSession:
@@ -162,6 +158,7 @@ async def _run(args: argparse.Namespace, config: BrokerConfig) -> ConvertResult:
                 root=args.root,
                 objects_spec=spec,
                 warehouse_spec=spec,
+                iceberg=IcebergTarget.from_config(config),
             )
         finally:
             await kv.close()
@@ -199,6 +196,9 @@ def _report_pipes(result: ConvertResult) -> None:
                 "upper_ms": result.upper_ms,
                 "input_revision": result.input_revision,
             }
+            if result.published is not None:
+                metadata["iceberg_table"] = result.published.table
+                metadata["iceberg_snapshot"] = str(summary["iceberg_snapshot"] or "unchanged")
             pipes.report_asset_materialization(metadata=metadata)
 
 

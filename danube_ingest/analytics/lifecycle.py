@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from danube_ingest.analytics.commit import advance_since, collect_staging
 from danube_ingest.analytics.convert import current_conversion
 from danube_ingest.analytics.errors import RenditionHeldError
+from danube_ingest.analytics.iceberg import IcebergTarget, publish
 from danube_ingest.analytics.layout import DEFAULT_ROOT, partition_end, partition_start
 from danube_ingest.analytics.records import HoldRecord, PartitionCommit, RenditionRecord, TableKeys
 from danube_ingest.analytics.renditions import collect_rendition, create_rendition, read_table
@@ -98,12 +99,15 @@ async def collect(
     staging_grace_s: float = COLLECT_GRACE_S,
     root: str = DEFAULT_ROOT,
     now_ms: int | None = None,
+    iceberg: IcebergTarget | None = None,
 ) -> CollectResult:
     """Collect the tables of ``topic`` (None: every topic's): the staging of runs that are over
     (no live intent, nothing committed left unpublished) and begun more than
     ``staging_grace_s`` before ``now_ms``, then every ``draining`` rendition that no reader
     holds. The active rendition and ``building`` ones are never touched; a held one is
-    reported in ``held``. Idempotent."""
+    reported in ``held``. Idempotent. With ``iceberg``, each table is published to the catalog
+    first, so its current snapshot no longer names a draining rendition's files when they go
+    (``IcebergPublishError``: nothing of that table is collected)."""
     if topic is None:
         topics = sorted(r.name for r in await Records(kv, keys).list_topics())
     else:
@@ -115,6 +119,8 @@ async def collect(
     for name in topics:
         if await read_table(kv, keys, name) is None:
             continue
+        if iceberg is not None:
+            await publish(kv, keys, name, iceberg)
         staging += await collect_staging(
             kv, keys, warehouse, root, grace_s=staging_grace_s, now_ms=now_ms, topic=name
         )
@@ -169,10 +175,13 @@ async def expire_partitions(
     *,
     default: RetentionPolicy | None = None,
     now_ms: int | None = None,
+    iceberg: IcebergTarget | None = None,
 ) -> ExpireResult:
     """Apply every table's ``table_max_age_ms`` (topic's policy over its namespace's over
     ``default``) at ``now_ms`` (default: the wall clock); see the module docstring.
-    Idempotent: a re-run at the same clock deletes nothing more."""
+    Idempotent: a re-run at the same clock deletes nothing more. With ``iceberg``, the table is
+    published to the catalog after ``since`` moves and before any file is deleted (its current
+    snapshot then holds nothing below ``since``)."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     stored = await Policies(kv, keys).all()
     base = default or RetentionPolicy()
@@ -185,6 +194,8 @@ async def expire_partitions(
         since = min(partition_start(now - max_age, table.width_s), table.upper_ms)
         table = await advance_since(kv, keys, record.name, max(since, table.since_ms))
         result.since[record.name] = table.since_ms
+        if iceberg is not None:
+            await publish(kv, keys, record.name, iceberg)
         await _expire_below(kv, keys, warehouse, record.name, table.since_ms, table.width_s, result)
     log.info(
         "table retention done tables=%d partitions=%d files=%d bytes=%d held=%d",

@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["LOOPBACK", "driver_settings", "spark_session"]
+    from danube_ingest.config.models import BrokerConfig
+
+__all__ = ["LOOPBACK", "catalog_session", "driver_settings", "spark_session"]
 
 LOOPBACK = "127.0.0.1"
 """Where a local-mode driver binds and what it advertises to its executors."""
@@ -88,3 +90,34 @@ def spark_session(
     for key, value in given.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def catalog_session(
+    app_name: str = "danube-ingest",
+    *,
+    master: str | None = None,
+    config: Mapping[str, str] | None = None,
+    broker_config: BrokerConfig | None = None,
+) -> SparkSession:
+    """A SparkSession (as :func:`spark_session` builds it) in which the topics' Iceberg tables
+    are reachable by name: ``spark.sql("SELECT * FROM danube.default.orders")``.
+
+    The catalog is the brokers' ``iceberg`` section (``broker_config``; default: the file
+    ``DANUBE_INGEST_CONFIG`` names, with ``DANUBE_INGEST_DATA_DIR``, else the defaults): its
+    settings and the Iceberg jars ``make setup`` fetched are added to ``config`` (``config``
+    wins on a clash). A SparkContext already running keeps the jars it started with.
+    ``ConfigError`` when ``iceberg.catalog`` is ``off`` or the jars are missing.
+    """
+    from danube_ingest.analytics.iceberg import IcebergTarget
+    from danube_ingest.config import config_from_env
+    from danube_ingest.errors import ConfigError
+
+    target = IcebergTarget.from_config(broker_config or config_from_env())
+    if target is None:
+        raise ConfigError(
+            "no Iceberg catalog: iceberg.catalog is off (or the object store is memory), so "
+            "tables are plain Parquet; read them with danube_ingest.analytics.read_topic"
+        )
+    return spark_session(
+        app_name, master=master, config={**target.spark_config(), **(config or {})}
+    )

@@ -35,6 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 from danube_ingest.analytics.convert import PartitionResult, StoreSpec, convert
 from danube_ingest.analytics.errors import AnalyticsError, RenditionError
+from danube_ingest.analytics.iceberg import (
+    IcebergPublishError,
+    IcebergTarget,
+    PublishResult,
+    publish,
+)
 from danube_ingest.analytics.layout import (
     DEFAULT_ROOT,
     DEFAULT_WIDTH_S,
@@ -352,7 +358,8 @@ async def _convert_async(args: argparse.Namespace) -> int:
             kv = await _connect(config, endpoints)
         objects = ObjectStore.from_config(config)
         try:
-            return await _convert_topic(args, kv, keys, objects, spark, spec)
+            iceberg = IcebergTarget.from_config(config)
+            return await _convert_topic(args, kv, keys, objects, spark, spec, iceberg)
         finally:
             await objects.close()
     finally:
@@ -366,6 +373,7 @@ async def _convert_topic(
     objects: ObjectStore,
     spark: SparkSession | None,
     spec: StoreSpec | None,
+    iceberg: IcebergTarget | None,
 ) -> int:
     if args.wait > 0 and not await _wait_complete(kv, keys, args.topic, args.width_s, args.wait):
         return 1
@@ -386,6 +394,7 @@ async def _convert_topic(
                 rendition=args.rendition,
                 objects_spec=spec,
                 warehouse_spec=spec,
+                iceberg=iceberg,
             )
             converted += result.partitions
             # A run converts at most a day of partitions: a new rendition catches up from the
@@ -405,7 +414,15 @@ async def _convert_topic(
         f"topic {result.topic} rendition {result.rendition}: {len(converted)} "
         f"partitions, upper {_iso(result.upper_ms)}, objects {objects.description}"
     )
+    if result.published is not None:
+        print(f"iceberg table {result.published.table}: {_snapshot_text(result.published)}")
     return 0
+
+
+def _snapshot_text(published: PublishResult) -> str:
+    if published.snapshot_id is None:
+        return "unchanged"
+    return f"snapshot {published.snapshot_id} (+{published.added} -{published.removed} files)"
 
 
 def _location(spec: StoreSpec, key: str) -> str:
@@ -468,12 +485,24 @@ async def _activate_async(args: argparse.Namespace) -> int:
     kv = await _connect(config, endpoints)
     try:
         table = await activate(kv, keys, args.topic, args.rendition)
+        print(f"table {args.topic}: active {table.active}, upper {_iso(table.upper_ms)}")
+        iceberg = IcebergTarget.from_config(config)
+        if iceberg is not None:
+            published = await publish(kv, keys, args.topic, iceberg)
+            if published is not None:
+                print(f"iceberg table {published.table}: {_snapshot_text(published)}")
     except RenditionError as exc:
         print(f"danube-ingest: activation refused: {exc}", file=sys.stderr)
         return 1
+    except IcebergPublishError as exc:
+        print(
+            f"danube-ingest: activated, but the Iceberg table still shows the previous "
+            f"rendition: {exc}; run the command again to publish it",
+            file=sys.stderr,
+        )
+        return 1
     finally:
         await kv.close()
-    print(f"table {args.topic}: active {table.active}, upper {_iso(table.upper_ms)}")
     return 0
 
 
@@ -493,6 +522,7 @@ async def _collect_async(args: argparse.Namespace) -> int:
             topic=getattr(args, "topic", None),
             staging_grace_s=args.grace_s,
             root=DEFAULT_ROOT,
+            iceberg=IcebergTarget.from_config(config),
         )
     finally:
         await kv.close()

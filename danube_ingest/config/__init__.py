@@ -31,7 +31,7 @@ Invalid input raises :class:`~danube_ingest.errors.ConfigError` naming the dotte
 """
 
 from danube_ingest.config.auth import AuthConfig
-from danube_ingest.config.loader import load_config, parse_config
+from danube_ingest.config.loader import config_from_env, load_config, parse_config
 from danube_ingest.config.models import (
     BrokerConfig,
     BrokerSection,
@@ -60,6 +60,7 @@ __all__ = [
     "StorageConfig",
     "UploaderConfig",
     "WalConfig",
+    "config_from_env",
     "load_config",
     "parse_config",
     "parse_duration",

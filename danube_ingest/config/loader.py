@@ -250,3 +250,18 @@ def load_config(
         if path is None:
             raise
         raise ConfigError(f"{os.fspath(path)}: {exc}") from None
+
+
+#: The broker YAML that tools started beside the brokers read (the Spark job, Dagster, the
+#: readers' helpers); unset: every key at its default.
+CONFIG_ENV = "DANUBE_INGEST_CONFIG"
+#: Overrides that file's ``broker.data_dir`` (``danube-ingest dev --data-dir`` sets it).
+DATA_DIR_ENV = "DANUBE_INGEST_DATA_DIR"
+
+
+def config_from_env() -> BrokerConfig:
+    """The configuration named by ``DANUBE_INGEST_CONFIG`` (none: the defaults), with
+    ``broker.data_dir`` from ``DANUBE_INGEST_DATA_DIR`` when that is set."""
+    data_dir = os.environ.get(DATA_DIR_ENV)
+    overrides = {"broker.data_dir": data_dir} if data_dir else None
+    return load_config(os.environ.get(CONFIG_ENV) or None, overrides)

@@ -936,6 +936,59 @@ class MetricsConfig(_Section):
         return value
 
 
+class IcebergConfig(_Section):
+    """The Iceberg catalog the topics' tables are published in (docs/iceberg.md)."""
+
+    catalog: Literal["sql", "rest", "off"] = Field(
+        default="sql",
+        description=(
+            "`sql`: a SQL catalog (pyiceberg's SqlCatalog; Spark reaches the same tables "
+            "through Iceberg's JDBC catalog) in the database `uri` names; `rest`: an Iceberg "
+            "REST catalog at `uri`; `off`: tables stay plain Parquet (no catalog)."
+        ),
+    )
+    name: str = Field(
+        default="danube",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$",
+        description=(
+            "The catalog's name: tables are `<name>.<namespace>.<topic>` in Spark SQL "
+            "(`danube.default.orders` for the topic `/default/orders`)."
+        ),
+    )
+    uri: str = Field(
+        default="",
+        description=(
+            "`sql`: a SQLAlchemy URL (`sqlite:////abs/catalog.db`, "
+            "`postgresql+psycopg://user@host:5432/db`); empty: "
+            "`sqlite:///{broker.data_dir}/iceberg/catalog.db`. `rest`: the REST catalog's "
+            "http(s) URL (required). Passwords go in the environment (`${ENV}`), never here "
+            "in the clear."
+        ),
+    )
+    warehouse: str = Field(
+        default="",
+        description=(
+            "Where new tables' Iceberg metadata goes, as a URI; empty: `iceberg/` in the "
+            "object store beside the Parquet warehouse (`file://{objects root}/iceberg` on "
+            "fs, `s3://{bucket}/{root}/iceberg` on s3)."
+        ),
+    )
+    properties: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Further catalog properties, given to pyiceberg and to Spark's catalog "
+            "(`spark.sql.catalog.<name>.<key>`), e.g. `s3.endpoint` or a REST catalog's "
+            "`credential`."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_uri(self) -> IcebergConfig:
+        if self.catalog == "rest" and not self.uri.startswith(("http://", "https://")):
+            raise _FieldError("uri", "catalog 'rest' needs the REST catalog's http(s) URL")
+        return self
+
+
 class BrokerConfig(_Section):
     """The whole configuration of one broker (one YAML file)."""
 
@@ -955,6 +1008,9 @@ class BrokerConfig(_Section):
     )
     auth: AuthConfig = Field(
         default_factory=AuthConfig, description="Authentication and permissions."
+    )
+    iceberg: IcebergConfig = Field(
+        default_factory=IcebergConfig, description="The catalog of the topics' tables."
     )
 
     def metrics_listen(self) -> str:

@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.etcd, pytest.mark.spark, pytest.mark.slow, pytest.mark
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "analytics.md"
+ICEBERG_DOC = ROOT / "docs" / "iceberg.md"
 
 
 def _spark_submit_line() -> str:
@@ -82,3 +83,47 @@ async def test_documented_spark_submit_line_converts_without_an_activated_venv(
     assert sum(p["rows"] for p in result["partitions"]) == 2 * PER_HOUR
     files = sorted((tmp_path / "objects" / "warehouse" / "r1").rglob("*.parquet"))
     assert len(files) == 2
+    # The job published the table to the default catalog (SQLite in the data directory), and
+    # docs/iceberg.md's Python blocks, run as pasted with the same environment, read it by
+    # name through Spark SQL and pyiceberg.
+    assert result["iceberg_table"] == "danube.default.orders"
+    assert result["iceberg_snapshot"] is not None
+    assert (tmp_path / "iceberg" / "catalog.db").is_file()
+    blocks = _python_blocks(ICEBERG_DOC)
+    assert len(blocks) == 2 and "catalog_session()" in blocks[0]
+    env = _unactivated_env(etcd_server, keys, tmp_path)
+    runs = [
+        await asyncio.to_thread(
+            subprocess.run,
+            [str(ROOT / ".venv" / "bin" / "python"), "-c", block],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        for block in blocks
+    ]
+    for run in runs:
+        assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-4000:])
+    total = 2 * PER_HOUR
+    spark_lines = [line.strip() for line in runs[0].stdout.splitlines()]
+    assert f"|{total}|{total - 1}|" in spark_lines  # count and last offset, by name
+    assert spark_lines.count(f"|{total}|") == 1  # the first snapshot holds all of it
+    num_rows, frontier = runs[1].stdout.split()
+    assert int(num_rows) == total - 10
+    assert int(frontier) == result["upper_ms"]
+
+
+def _python_blocks(doc: Path) -> list[str]:
+    """The ```python blocks of ``doc``, in order."""
+    blocks, current = [], None
+    for line in doc.read_text().splitlines():
+        if current is None and line.strip() == "```python":
+            current = []
+        elif current is not None and line.strip() == "```":
+            blocks.append("\n".join(current))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks

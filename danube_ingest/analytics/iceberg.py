@@ -1,0 +1,441 @@
+"""Topics' tables as Apache Iceberg tables: the committed Parquet, registered in a catalog.
+
+A topic ``/ns/name`` with a table (``convert.py``) is the Iceberg table (format v2)
+``<catalog>.ns.name``: Spark SQL, pyiceberg and anything else with an Iceberg reader reach it by
+name. Its data files are the table's published Parquet files themselves (same bytes, same
+paths: nothing is copied or rewritten), partitioned by ``hour(ingest_time)`` and sorted by
+``offset``; its metadata lives under ``iceberg/`` in the object store (or ``iceberg.warehouse``).
+
+The etcd records stay what a table *is* (``commit.py``: committed partitions, the active
+rendition, ``since`` and ``upper``); :func:`publish` makes the Iceberg table say the same. It
+computes the files the table must hold, those of the active rendition's partitions in
+``[since, upper)``, and the files its current snapshot holds, and commits the difference as
+ONE snapshot (an append, or an overwrite when files leave: a rendition handed over, partitions
+below a moved ``since``). Every such snapshot's summary carries ``danube.topic``,
+``danube.rendition``, ``danube.since-ms``, ``danube.frontier-ms`` (the rendition's ``upper``:
+the snapshot holds exactly the entries with ingest time in ``[since, frontier)``),
+``danube.first-offset`` / ``danube.last-offset`` of the files it adds (-1: none),
+``danube.converter`` and ``danube.tokens`` (the conversion runs that committed them).
+
+Exactly once. The difference is computed from the table as committed, and pyiceberg's commit
+asserts that the table's current snapshot is still the one it was computed from (optimistic
+concurrency: of two publishers, the second's commit fails and it recomputes). After a commit
+whose outcome is unknown (the catalog may have applied it and the answer was lost:
+``CommitStateUnknownException``, a dropped connection), the table is loaded again and the
+difference recomputed: files that did land are in the current snapshot, so no file is ever
+added twice, and a publish that did not land is simply made again. Publishing the same state
+twice commits nothing the second time.
+
+Errors: :class:`IcebergPublishError` (retriable when the catalog or the store could not be
+reached); the Parquet commit it follows stands either way, and the next :func:`publish` (every
+conversion starts and ends with one) catches the table up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+import pyarrow as pa
+
+from danube_ingest.analytics.columns import table_schema
+from danube_ingest.analytics.errors import AnalyticsError
+from danube_ingest.analytics.records import PartitionCommit, TableKeys
+from danube_ingest.analytics.renditions import read_rendition, read_table
+from danube_ingest.config.models import BrokerConfig
+from danube_ingest.errors import ConfigError
+from danube_ingest.metadata.keys import Keys, split_topic
+from danube_ingest.metadata.kv import KV
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+__all__ = [
+    "DEFAULT_JARS_DIR",
+    "IcebergPublishError",
+    "IcebergTarget",
+    "PublishResult",
+    "identifier",
+    "publish",
+]
+
+log = logging.getLogger(__name__)
+
+#: Where ``make iceberg-jars`` puts Spark's Iceberg runtime and the SQLite JDBC driver
+#: (``tools/iceberg/pom.xml``); ``DANUBE_INGEST_ICEBERG_JARS`` names another directory.
+DEFAULT_JARS_DIR = Path(__file__).resolve().parents[2] / ".deps" / "iceberg"
+JARS_ENV = "DANUBE_INGEST_ICEBERG_JARS"
+#: The partition field of every table: the hour of ``ingest_time`` (partitions of a table
+#: narrower than an hour fall in one hour each).
+PARTITION_FIELD = "ingest_hour"
+#: Commits tried before giving up when other publishers keep winning.
+MAX_ATTEMPTS = 8
+
+
+class IcebergPublishError(AnalyticsError):
+    """A table could not be published to the Iceberg catalog (nothing of this attempt is
+    visible to readers; the Parquet commit stands). ``retriable``: the catalog or the object
+    store could not be reached."""
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What :func:`publish` did to one table."""
+
+    table: str
+    """``catalog.namespace.name``."""
+    snapshot_id: int | None
+    """The snapshot it committed; None when the table already said what etcd says."""
+    added: int
+    removed: int
+    frontier_ms: int
+
+
+def identifier(topic: str) -> tuple[str, str]:
+    """The Iceberg ``(namespace, table)`` of a topic: ``/default/orders`` is
+    ``("default", "orders")``."""
+    namespace, name = split_topic(topic)
+    return namespace, name
+
+
+def _sqlite_path(uri: str) -> str | None:
+    """The file of a ``sqlite:///path`` URL (None for any other database)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return uri[len("sqlite:///") :]
+
+
+@dataclass(frozen=True)
+class IcebergTarget:
+    """Where a deployment's tables are published: the catalog (``iceberg`` configuration,
+    resolved) and the URI prefix of the object store's keys."""
+
+    name: str
+    kind: str
+    """``sql`` or ``rest``."""
+    uri: str
+    warehouse: str
+    """URI where new tables' metadata goes."""
+    location: str
+    """URI prefix of the object store: a file's key appended to it is the file's URI."""
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: BrokerConfig) -> IcebergTarget | None:
+        """The target of ``config`` (``iceberg`` and ``storage.cloud``); None when
+        ``iceberg.catalog`` is ``off`` or the object store is ``memory`` (it lives in one
+        process: no other reader could open the files)."""
+        ice = config.iceberg
+        if ice.catalog == "off":
+            return None
+        cloud = config.storage.cloud
+        if cloud.backend == "fs":
+            location = Path(config.objects_root()).resolve().as_uri() + "/"
+        elif cloud.backend in ("s3", "gcs"):
+            scheme = "s3" if cloud.backend == "s3" else "gs"
+            root = cloud.root.strip("/")
+            location = f"{scheme}://{cloud.bucket}/" + (f"{root}/" if root else "")
+        else:
+            # A memory store lives in one process: no catalog reader could open its files.
+            return None
+        uri = ice.uri
+        if ice.catalog == "sql" and not uri:
+            uri = f"sqlite:///{(config.broker.data_dir / 'iceberg' / 'catalog.db').resolve()}"
+        properties = dict(ice.properties)
+        if cloud.backend == "s3":
+            if cloud.endpoint is not None:
+                properties.setdefault("s3.endpoint", cloud.endpoint)
+            if cloud.region is not None:
+                properties.setdefault("s3.region", cloud.region)
+        return cls(
+            ice.name,
+            ice.catalog,
+            uri,
+            ice.warehouse or f"{location}iceberg",
+            location,
+            properties,
+        )
+
+    def uri_of(self, key: str) -> str:
+        """The URI of the object store's ``key``."""
+        return self.location + key
+
+    def catalog(self) -> Catalog:
+        """A pyiceberg catalog (the SQLite file's directory is created when missing)."""
+        props = {**self.properties, "warehouse": self.warehouse}
+        if self.kind == "rest":
+            from pyiceberg.catalog.rest import RestCatalog
+
+            return RestCatalog(self.name, **{**props, "uri": self.uri})
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        path = _sqlite_path(self.uri)
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return SqlCatalog(self.name, **{**props, "uri": self.uri})
+
+    def spark_config(self, jars_dir: Path | None = None) -> dict[str, str]:
+        """Spark settings that make the catalog ``self.name`` in Spark SQL: the Iceberg runtime
+        and JDBC driver jars (``jars_dir``: ``DANUBE_INGEST_ICEBERG_JARS``, else
+        ``.deps/iceberg``), the Iceberg SQL extensions, and the catalog itself. ``ConfigError``
+        when the jars are missing (run ``make setup``)."""
+        directory = jars_dir or Path(os.environ.get(JARS_ENV) or DEFAULT_JARS_DIR)
+        jars = sorted(str(p) for p in directory.glob("*.jar"))
+        if not any("iceberg-spark-runtime" in Path(j).name for j in jars):
+            raise ConfigError(
+                f"no Iceberg Spark runtime jar in {directory}: run `make setup` (it fetches "
+                f"them with Maven), or set {JARS_ENV} to a directory holding them"
+            )
+        prefix = f"spark.sql.catalog.{self.name}"
+        settings = {
+            "spark.jars": ",".join(jars),
+            "spark.sql.extensions": (
+                "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+            ),
+            prefix: "org.apache.iceberg.spark.SparkCatalog",
+            f"{prefix}.warehouse": self.warehouse,
+        }
+        if self.kind == "rest":
+            settings[f"{prefix}.type"] = "rest"
+            settings[f"{prefix}.uri"] = self.uri
+        else:
+            settings[f"{prefix}.type"] = "jdbc"
+            settings.update({f"{prefix}.{k}": v for k, v in _jdbc(self.uri).items()})
+        for key, value in self.properties.items():
+            settings[f"{prefix}.{key}"] = value
+        return settings
+
+
+def _jdbc(uri: str) -> dict[str, str]:
+    """Iceberg JDBC catalog settings for a SQLAlchemy URL (SQLite or PostgreSQL)."""
+    path = _sqlite_path(uri)
+    if path is not None:
+        return {"uri": f"jdbc:sqlite:{path}"}
+    parts = urlsplit(uri)
+    if parts.scheme.split("+")[0] in ("postgresql", "postgres"):
+        settings = {"uri": f"jdbc:postgresql://{parts.hostname}:{parts.port or 5432}{parts.path}"}
+        if parts.username:
+            settings["jdbc.user"] = unquote(parts.username)
+        if parts.password:
+            settings["jdbc.password"] = unquote(parts.password)
+        return settings
+    raise ConfigError(
+        f"iceberg.uri {parts.scheme}://...: Spark's JDBC catalog is set up for sqlite:/// and "
+        "postgresql:// URLs only"
+    )
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """What etcd says the table holds."""
+
+    rendition: str
+    since_ms: int
+    frontier_ms: int
+    schema: pa.Schema
+    converter: str
+    files: dict[str, PartitionCommit]
+    """URI of each file -> its partition's commit."""
+
+
+async def _wanted(kv: KV, keys: Keys, topic: str, target: IcebergTarget) -> _Wanted | None:
+    from danube_ingest.analytics.convert import rendition_decoder
+
+    table = await read_table(kv, keys, topic)
+    if table is None or table.active is None:
+        return None
+    record = await read_rendition(kv, keys, topic, table.active)
+    if record is None:
+        return None
+    since, frontier = table.since_ms, max(record.upper_ms, table.since_ms)
+    entries = await kv.get_prefix(TableKeys(keys, topic).parts_prefix(table.active))
+    files: dict[str, PartitionCommit] = {}
+    for entry in entries:
+        commit = PartitionCommit.decode(entry.value, entry.key)
+        if since <= commit.start_ms < frontier:
+            for f in commit.files:
+                files[target.uri_of(f.path)] = commit
+    decoder = await rendition_decoder(kv, keys, topic, record)
+    # Top-level columns are optional in the catalog: a file may then lack a column a later
+    # schema added (read as null), and the Parquet's required columns still match.
+    schema = pa.schema([f.with_nullable(True) for f in table_schema(decoder)])
+    return _Wanted(table.active, since, frontier, schema, record.converter_version, files)
+
+
+def _create(catalog: Catalog, ident: tuple[str, str], schema: pa.Schema) -> Table:
+    """The table, created (with its partition spec, sort order and name mapping) if absent."""
+    from pyiceberg.exceptions import (
+        NamespaceAlreadyExistsError,
+        NoSuchTableError,
+        TableAlreadyExistsError,
+    )
+    from pyiceberg.table import TableProperties
+    from pyiceberg.transforms import HourTransform, IdentityTransform
+
+    with contextlib.suppress(NamespaceAlreadyExistsError):
+        catalog.create_namespace(ident[0])
+    try:
+        table = catalog.load_table(ident)
+    except NoSuchTableError:
+        try:
+            table = catalog.create_table(ident, schema=schema, properties={"format-version": "2"})
+        except TableAlreadyExistsError:
+            table = catalog.load_table(ident)
+    # (Idempotent: a creator that died before these leaves them to the next publish.)
+    if not table.spec().fields or table.sort_order().is_unsorted:
+        tx = table.transaction()
+        if not table.spec().fields:
+            with tx.update_spec() as spec:
+                spec.add_field("ingest_time", HourTransform(), PARTITION_FIELD)
+        if table.sort_order().is_unsorted:
+            with tx.update_sort_order() as order:
+                order.asc("offset", IdentityTransform())
+        if table.metadata.name_mapping() is None:
+            mapping = table.schema().name_mapping.model_dump_json()
+            tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping})
+        table = tx.commit_transaction()
+    return table
+
+
+def _current_files(table: Table) -> dict[str, Any]:
+    """URI -> DataFile of the table's current snapshot."""
+    if table.current_snapshot() is None:
+        return {}
+    return {task.file.file_path: task.file for task in table.scan().plan_files()}
+
+
+def _summary(topic: str, wanted: _Wanted, added: list[str]) -> dict[str, str]:
+    commits = [wanted.files[uri] for uri in added]
+    offsets = [f.first_offset for c in commits for f in c.files if f.first_offset >= 0]
+    lasts = [f.last_offset for c in commits for f in c.files if f.last_offset >= 0]
+    return {
+        "danube.topic": topic,
+        "danube.rendition": wanted.rendition,
+        "danube.since-ms": str(wanted.since_ms),
+        "danube.frontier-ms": str(wanted.frontier_ms),
+        "danube.first-offset": str(min(offsets, default=-1)),
+        "danube.last-offset": str(max(lasts, default=-1)),
+        "danube.converter": wanted.converter,
+        "danube.tokens": ",".join(sorted({c.token for c in commits})),
+    }
+
+
+def _state(table: Table) -> tuple[str, str, str] | None:
+    snapshot = table.current_snapshot()
+    if snapshot is None or snapshot.summary is None:
+        return None
+    summary = snapshot.summary
+    return (
+        summary.get("danube.rendition", ""),
+        summary.get("danube.since-ms", ""),
+        summary.get("danube.frontier-ms", ""),
+    )
+
+
+def _publish_once(catalog: Catalog, topic: str, wanted: _Wanted) -> PublishResult | None:
+    """One attempt: the difference committed as one snapshot; None when the commit failed
+    because the table moved (recompute)."""
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.io.pyarrow import parquet_file_to_data_file
+
+    ident = identifier(topic)
+    name = ".".join((catalog.name, *ident))
+    table = _create(catalog, ident, wanted.schema)
+    current = _current_files(table)
+    added = sorted(set(wanted.files) - set(current))
+    removed = sorted(set(current) - set(wanted.files))
+    state = (wanted.rendition, str(wanted.since_ms), str(wanted.frontier_ms))
+    if not added and not removed and (not current or _state(table) == state):
+        return PublishResult(name, None, 0, 0, wanted.frontier_ms)
+    tx = table.transaction()
+    if set(wanted.schema.names) - {f.name for f in table.schema().fields}:
+        with tx.update_schema() as update:  # a newer decode schema's columns, added
+            update.union_by_name(wanted.schema)
+    props = _summary(topic, wanted, added)
+    files = [parquet_file_to_data_file(table.io, tx.table_metadata, uri) for uri in added]
+    producer = tx.update_snapshot(snapshot_properties=props)
+    with producer.overwrite() if removed else producer.fast_append() as update:
+        for uri in removed:
+            update.delete_data_file(current[uri])
+        for data_file in files:
+            update.append_data_file(data_file)
+    try:
+        table = tx.commit_transaction()
+    except CommitFailedException as exc:
+        log.info("iceberg commit lost a race, again table=%s error=%s", name, exc)
+        return None
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    log.info(
+        "iceberg table published table=%s snapshot=%d added=%d removed=%d rendition=%s "
+        "frontier_ms=%d",
+        name,
+        snapshot.snapshot_id,
+        len(added),
+        len(removed),
+        wanted.rendition,
+        wanted.frontier_ms,
+    )
+    return PublishResult(name, snapshot.snapshot_id, len(added), len(removed), wanted.frontier_ms)
+
+
+def _publish_sync(target: IcebergTarget, topic: str, wanted: _Wanted) -> PublishResult:
+    from pyiceberg.exceptions import CommitStateUnknownException
+
+    catalog = target.catalog()
+    last: BaseException | None = None
+    for _ in range(MAX_ATTEMPTS):
+        try:
+            result = _publish_once(catalog, topic, wanted)
+        except CommitStateUnknownException as exc:
+            # Applied or not: the next attempt reads the table again and adds only what is
+            # not in it.
+            log.warning("iceberg commit outcome unknown, reading the table again: %s", exc)
+            last = exc
+            continue
+        if result is not None:
+            return result
+    raise IcebergPublishError(
+        f"could not publish {topic} to the Iceberg catalog {target.name} in {MAX_ATTEMPTS} "
+        f"attempts: other publishers kept committing first, or the outcome stayed unknown "
+        f"({last}); publish again",
+        retriable=True,
+    )
+
+
+async def publish(kv: KV, keys: Keys, topic: str, target: IcebergTarget) -> PublishResult | None:
+    """Make ``topic``'s Iceberg table hold exactly its active rendition's files in
+    ``[since, upper)`` (module docstring); None when the topic has no active table yet.
+    Raises :class:`IcebergPublishError`."""
+    wanted = await _wanted(kv, keys, topic, target)
+    if wanted is None:
+        return None
+    try:
+        return await asyncio.to_thread(_publish_sync, target, topic, wanted)
+    except IcebergPublishError:
+        raise
+    except (OSError, ConnectionError) as exc:
+        raise IcebergPublishError(
+            f"publishing {topic} to the Iceberg catalog {target.name} failed: {exc}",
+            retriable=True,
+        ) from exc
+    except Exception as exc:
+        from sqlalchemy.exc import OperationalError
+
+        raise IcebergPublishError(
+            f"publishing {topic} to the Iceberg catalog {target.name} failed: "
+            f"{type(exc).__name__}: {exc}",
+            retriable=isinstance(exc, OperationalError),
+        ) from exc

@@ -1,0 +1,155 @@
+"""The Iceberg table follows the table's lifecycle (``analytics/iceberg.py``): a rendition
+handed over replaces the table's files in one snapshot, collection never removes files the
+current snapshot names, a moved ``since`` leaves the table before its files go, and an
+unreachable catalog is a clear, retriable error. Real etcd, an fs warehouse, a SQLite catalog."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from danube_ingest.analytics.commit import advance_since
+from danube_ingest.analytics.errors import AnalyticsError
+from danube_ingest.analytics.iceberg import IcebergPublishError, IcebergTarget, publish
+from danube_ingest.analytics.lifecycle import collect
+from danube_ingest.analytics.renditions import activate, create_rendition, create_table
+from danube_ingest.config import load_config
+from danube_ingest.metadata import EtcdKV, Keys
+from danube_ingest.metadata.clock import TopicClock
+from danube_ingest.objects.store import ObjectStore
+from danube_ingest.testing import MotoServer
+
+from .tables_support import T0, TOPIC, ingest_ms_of, publish_input, run_conversion
+
+pytestmark = [pytest.mark.etcd]
+
+TEN_MIN = 600_000
+CLOCK = TopicClock(offset=300, ingest_ms=T0 + 3 * TEN_MIN, broker="b1", epoch=1)
+
+
+def target(tmp_path: Path) -> IcebergTarget:
+    config = load_config(
+        None,
+        {"broker.data_dir": str(tmp_path), "storage.cloud.root": str(tmp_path / "objects")},
+    )
+    found = IcebergTarget.from_config(config)
+    assert found is not None
+    return found
+
+
+def offsets(found: IcebergTarget) -> list[int]:
+    table = found.catalog().load_table(("default", "orders"))
+    return sorted(table.scan().to_arrow().column("offset").to_pylist())
+
+
+def file_paths(found: IcebergTarget) -> set[str]:
+    table = found.catalog().load_table(("default", "orders"))
+    return {task.file.file_path for task in table.scan().plan_files()}
+
+
+@pytest.fixture(params=["fs", pytest.param("s3", marks=pytest.mark.s3)])
+def placed(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[IcebergTarget, ObjectStore]:
+    """The catalog target and the object store of a broker on fs, or on s3 (moto) with its
+    credentials in the environment, as the docs tell users to give them."""
+    if request.param == "fs":
+        return target(tmp_path), ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    server: MotoServer = request.getfixturevalue("s3_server")
+    bucket = server.create_bucket(f"ice-{uuid.uuid4().hex[:12]}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_access_key)
+    config = load_config(
+        None,
+        {
+            "broker.data_dir": str(tmp_path),
+            "storage.cloud": {
+                "backend": "s3",
+                "bucket": bucket,
+                "root": "/cluster-a",
+                "endpoint": server.endpoint,
+                "region": server.region,
+            },
+        },
+    )
+    found = IcebergTarget.from_config(config)
+    assert found is not None and found.location == f"s3://{bucket}/cluster-a/"
+    return found, ObjectStore("s3", options=server.options(bucket, "/cluster-a"))
+
+
+async def test_handover_collection_and_since(
+    etcd_kv: EtcdKV, keys: Keys, placed: tuple[IcebergTarget, ObjectStore]
+) -> None:
+    found, store = placed
+    await publish_input(etcd_kv, keys, [120, 300], CLOCK)
+    await create_table(etcd_kv, keys, TOPIC, since_ms=T0, width_s=600)
+    r1 = await create_rendition(etcd_kv, keys, TOPIC, "v1")
+    await run_conversion(etcd_kv, keys, store, r1)
+    await activate(etcd_kv, keys, TOPIC, r1)
+    first = await publish(etcd_kv, keys, TOPIC, found)
+    assert first is not None and (first.added, first.removed) == (3, 0)
+    assert offsets(found) == list(range(300))
+
+    # A new rendition built beside it: the Iceberg table does not see it before activation.
+    r2 = await create_rendition(etcd_kv, keys, TOPIC, "v2")
+    await run_conversion(etcd_kv, keys, store, r2, converter_version="v2")
+    unchanged = await publish(etcd_kv, keys, TOPIC, found)
+    assert unchanged is not None and unchanged.snapshot_id is None
+    await activate(etcd_kv, keys, TOPIC, r2)
+    # Collection publishes first: the draining r1's files leave the table, then go.
+    result = await collect(etcd_kv, keys, store, topic=TOPIC, iceberg=found)
+    assert result.collected == [(TOPIC, r1)]
+    table = found.catalog().load_table(("default", "orders"))
+    snapshot = table.current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None
+    assert snapshot.summary["danube.rendition"] == r2
+    assert snapshot.summary["danube.converter"] == "v2"
+    assert (snapshot.summary["deleted-data-files"], snapshot.summary["added-data-files"]) == (
+        "3",
+        "3",
+    )
+    assert len(table.snapshots()) == 2  # the handover is one snapshot
+    assert all(f"/{r2}/" in path for path in file_paths(found))
+    assert offsets(found) == list(range(300))
+
+    # since moves: the first partition leaves the table.
+    await advance_since(etcd_kv, keys, TOPIC, T0 + TEN_MIN)
+    moved = await publish(etcd_kv, keys, TOPIC, found)
+    assert moved is not None and (moved.added, moved.removed) == (0, 1)
+    assert offsets(found) == [o for o in range(300) if ingest_ms_of(o) >= T0 + TEN_MIN]
+    await store.close()
+
+
+async def test_an_unreachable_catalog_is_a_clear_retriable_error(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
+) -> None:
+    store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    await publish_input(etcd_kv, keys, [120, 300], CLOCK)
+    await create_table(etcd_kv, keys, TOPIC, since_ms=T0, width_s=600)
+    r1 = await create_rendition(etcd_kv, keys, TOPIC, "v1")
+    await run_conversion(etcd_kv, keys, store, r1)
+    await activate(etcd_kv, keys, TOPIC, r1)
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the catalog's directory would be")
+    config = load_config(
+        None,
+        {
+            "broker.data_dir": str(tmp_path),
+            "storage.cloud.root": str(tmp_path / "objects"),
+            "iceberg.uri": f"sqlite:///{blocked}/catalog.db",
+        },
+    )
+    found = IcebergTarget.from_config(config)
+    assert found is not None
+    with pytest.raises(IcebergPublishError, match="publishing /default/orders") as caught:
+        await publish(etcd_kv, keys, TOPIC, found)
+    assert caught.value.retriable
+    assert isinstance(caught.value, AnalyticsError)
+    # Nothing was lost: with a reachable catalog the same table publishes whole.
+    good = target(tmp_path)
+    done = await publish(etcd_kv, keys, TOPIC, good)
+    assert done is not None and done.added == 3
+    assert offsets(good) == list(range(300))
+    await store.close()
