@@ -135,7 +135,12 @@ async def test_job_killed_mid_run_then_rerun_gives_exact_output_and_one_commit(
     shutil.copytree(produced.objects, objects_dir)
     config = tmp_path / "broker.yaml"
     config.write_text(
-        yaml.safe_dump({"storage": {"cloud": {"backend": "fs", "root": str(objects_dir)}}})
+        yaml.safe_dump(
+            {
+                "broker": {"data_dir": str(tmp_path / "data")},
+                "storage": {"cloud": {"backend": "fs", "root": str(objects_dir)}},
+            }
+        )
     )
     keys = await clone(kv, produced.prefix)
     staging = objects_dir / "warehouse" / "_staging"
@@ -182,7 +187,12 @@ def test_job_launched_through_dagster_pipes_reports_rows_and_offsets(
     keys = asyncio.run(_clone(produced))
     config = tmp_path / "broker.yaml"
     config.write_text(
-        yaml.safe_dump({"storage": {"cloud": {"backend": "fs", "root": str(tmp_path / "o")}}})
+        yaml.safe_dump(
+            {
+                "broker": {"data_dir": str(tmp_path / "data")},
+                "storage": {"cloud": {"backend": "fs", "root": str(tmp_path / "o")}},
+            }
+        )
     )
     shutil.copytree(produced.objects, tmp_path / "o")
     env = {

@@ -67,6 +67,7 @@ def _config(produced: Produced, keys: Keys, objects: Path, tmp_path: Path) -> Pa
     config.write_text(
         yaml.safe_dump(
             {
+                "broker": {"data_dir": str(tmp_path / "data")},  # (the Iceberg catalog's)
                 "etcd": {"endpoints": [produced.endpoint], "prefix": keys.prefix},
                 "storage": {"cloud": {"backend": "fs", "root": str(objects)}},
             }
@@ -112,6 +113,8 @@ def test_tables_convert_then_list(produced: Produced, tmp_path: Path) -> None:
     assert f"topic {JSON_T} rendition r1:" in done.stdout
     assert f"upper {_iso(upper)}" in done.stdout
     assert "committed" in done.stdout
+    assert "iceberg table danube.default.json_orders: snapshot " in done.stdout
+    assert (tmp_path / "data" / "iceberg" / "catalog.db").is_file()
 
     files = sorted((objects / "warehouse" / "r1").rglob("*.parquet"))
     rows = [r for f in files for r in pq.read_table(f).to_pylist()]

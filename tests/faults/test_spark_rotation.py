@@ -40,8 +40,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from danube_ingest.analytics.iceberg import IcebergTarget
 from danube_ingest.analytics.layout import partition_end, partition_start
 from danube_ingest.analytics.records import PartitionCommit, TableKeys
+from danube_ingest.config import load_config
 from danube_ingest.metadata import EtcdKV, Keys, Manifest
 from danube_ingest.metadata.clock import read_clock
 from danube_ingest.metadata.manifest import ObjectRange
@@ -302,7 +304,12 @@ async def test_spark_conversion_killed_and_rerun_commits_each_message_once(
 
         config = tmp_path / "broker.yaml"
         config.write_text(
-            yaml.safe_dump({"storage": {"cloud": {"backend": "fs", "root": str(root)}}})
+            yaml.safe_dump(
+                {
+                    "broker": {"data_dir": str(tmp_path / "job")},
+                    "storage": {"cloud": {"backend": "fs", "root": str(root)}},
+                }
+            )
         )
         env: dict[str, str] = {
             **os.environ,
@@ -351,6 +358,17 @@ async def test_spark_conversion_killed_and_rerun_commits_each_message_once(
     assert len({c.start_ms for c in commits}) == len(commits)
     assert (filled[0].first_offset, filled[-1].last_offset + 1) == (0, acked)
     assert rows == acked == report["acked_writes"]
+    # The Iceberg table the rerun published holds every acknowledged message exactly once,
+    # up to the table's frontier, in one snapshot (the killed run published nothing).
+    target = IcebergTarget.from_config(load_config(config))
+    assert target is not None
+    iceberg = target.catalog().load_table(("default", CONVERTED.rsplit("/", 1)[1]))
+    offsets = sorted(iceberg.scan().to_arrow().column("offset").to_pylist())
+    assert offsets == list(range(acked))
+    assert len(iceberg.snapshots()) == 1
+    snapshot = iceberg.current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None
+    assert int(snapshot.summary["danube.frontier-ms"]) == result["upper_ms"]
     # The rerun published the killed run's second partition and committed only the later ones.
     assert commits[:2] == [dataclasses.replace(c, published=True) for c in halfway]
     assert [(p["start_ms"], p["outcome"]) for p in result["partitions"]] == [
