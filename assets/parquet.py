@@ -86,7 +86,7 @@ from danube_ingest.analytics.checks import (
     topics_with_manifest,
 )
 from danube_ingest.analytics.convert import failure_cause, pending_partitions
-from danube_ingest.analytics.iceberg import IcebergTarget
+from danube_ingest.analytics.iceberg import IcebergTarget, check_table
 from danube_ingest.analytics.lifecycle import CollectResult, collect
 from danube_ingest.analytics.preflight import Preflight, preflight, table_starts
 from danube_ingest.errors import DanubeIngestError
@@ -535,7 +535,25 @@ def files_intact(
     return _check(etcd, objects, files)
 
 
-parquet_checks = [rows_match_offsets, frontier_contiguous, files_intact]
+@asset_check(
+    asset=parquet_partitions,
+    description="The topic's Iceberg table holds exactly the published files of its active "
+    "rendition up to its upper, no offset twice, and its snapshots' frontiers never move back.",
+)
+def iceberg_matches(
+    context: AssetCheckExecutionContext, etcd: EtcdResource, objects: ObjectStoreResource
+) -> AssetCheckResult:
+    """``iceberg.check_table`` over every table (passes with no finding when the catalog is
+    ``off``)."""
+    target = IcebergTarget.from_config(objects.broker_config())
+
+    async def tables(kv: KV, keys: Keys, store: ObjectStore, topic: str) -> list[CheckFinding]:
+        return [] if target is None else await check_table(kv, keys, topic, target)
+
+    return _check(etcd, objects, tables)
+
+
+parquet_checks = [rows_match_offsets, frontier_contiguous, files_intact, iceberg_matches]
 
 
 @op(

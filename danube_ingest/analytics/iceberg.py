@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 from collections.abc import Mapping
@@ -45,6 +46,7 @@ from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 
+from danube_ingest.analytics.checks import CheckFinding
 from danube_ingest.analytics.columns import table_schema
 from danube_ingest.analytics.errors import AnalyticsError
 from danube_ingest.analytics.records import PartitionCommit, TableKeys
@@ -63,6 +65,7 @@ __all__ = [
     "IcebergPublishError",
     "IcebergTarget",
     "PublishResult",
+    "check_table",
     "identifier",
     "publish",
 ]
@@ -142,7 +145,8 @@ class IcebergTarget:
             return None
         cloud = config.storage.cloud
         if cloud.backend == "fs":
-            location = Path(config.objects_root()).resolve().as_uri() + "/"
+            # (Not percent-encoded: readers take the path after file:// as it is.)
+            location = f"file://{Path(config.objects_root()).resolve()}/"
         elif cloud.backend in ("s3", "gcs"):
             scheme = "s3" if cloud.backend == "s3" else "gs"
             root = cloud.root.strip("/")
@@ -439,3 +443,76 @@ async def publish(kv: KV, keys: Keys, topic: str, target: IcebergTarget) -> Publ
             f"{type(exc).__name__}: {exc}",
             retriable=isinstance(exc, OperationalError),
         ) from exc
+
+
+def _check_sync(target: IcebergTarget, topic: str, wanted: _Wanted) -> list[str]:
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.exceptions import NoSuchTableError
+    from pyiceberg.types import LongType
+
+    try:
+        table = target.catalog().load_table(identifier(topic))
+    except NoSuchTableError:
+        if not wanted.files:
+            return []
+        return [f"no Iceberg table, but {len(wanted.files)} published files: publish it"]
+    problems: list[str] = []
+    current = _current_files(table)
+    missing, extra = set(wanted.files) - set(current), set(current) - set(wanted.files)
+    if missing:
+        problems.append(
+            f"{len(missing)} published files are not in the current snapshot (e.g. "
+            f"{min(missing)}): publish again (the next conversion does)"
+        )
+    if extra:
+        problems.append(
+            f"{len(extra)} files in the current snapshot are not the table's in etcd (e.g. "
+            f"{min(extra)})"
+        )
+    state = _state(table)
+    if current and state != (wanted.rendition, str(wanted.since_ms), str(wanted.frontier_ms)):
+        problems.append(
+            f"the current snapshot says rendition/since/frontier {state}, etcd "
+            f"{(wanted.rendition, wanted.since_ms, wanted.frontier_ms)}: publish again"
+        )
+    # No offset twice: the files' offset ranges (their column bounds) are disjoint.
+    field_id = table.schema().find_field("offset").field_id
+    spans = []
+    for uri, data_file in current.items():
+        low, high = data_file.lower_bounds.get(field_id), data_file.upper_bounds.get(field_id)
+        if low is None or high is None:
+            problems.append(f"{uri} has no offset bounds")
+            continue
+        spans.append((from_bytes(LongType(), low), from_bytes(LongType(), high), uri))
+    spans.sort()
+    for (_, high, uri), (low, _, other) in itertools.pairwise(spans):
+        if low <= high:
+            problems.append(f"offsets {low}..{high} are in two files: {uri} and {other}")
+    # Snapshot frontiers never move back along the table's history (within a rendition).
+    previous: tuple[str, int] | None = None
+    for entry in table.history():
+        snapshot = table.snapshot_by_id(entry.snapshot_id)
+        summary = None if snapshot is None else snapshot.summary
+        frontier = None if summary is None else summary.get("danube.frontier-ms")
+        if summary is None or frontier is None:
+            continue
+        now = (str(summary.get("danube.rendition")), int(frontier))
+        if previous is not None and now[0] == previous[0] and now[1] < previous[1]:
+            problems.append(
+                f"snapshot {entry.snapshot_id} moved the frontier back from {previous[1]} to "
+                f"{now[1]}"
+            )
+        previous = now
+    return problems
+
+
+async def check_table(kv: KV, keys: Keys, topic: str, target: IcebergTarget) -> list[CheckFinding]:
+    """What is wrong with ``topic``'s Iceberg table (empty: sound): its current snapshot holds
+    exactly the active rendition's files in ``[since, upper)`` and says so in its summary, no
+    offset is in two of its files, and its snapshots' frontiers never moved back. Reads only;
+    findings name the table's ``since`` as their partition."""
+    wanted = await _wanted(kv, keys, topic, target)
+    if wanted is None:
+        return []
+    problems = await asyncio.to_thread(_check_sync, target, topic, wanted)
+    return [CheckFinding(topic, wanted.since_ms, problem) for problem in problems]

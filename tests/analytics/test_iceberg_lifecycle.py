@@ -12,7 +12,12 @@ import pytest
 
 from danube_ingest.analytics.commit import advance_since
 from danube_ingest.analytics.errors import AnalyticsError
-from danube_ingest.analytics.iceberg import IcebergPublishError, IcebergTarget, publish
+from danube_ingest.analytics.iceberg import (
+    IcebergPublishError,
+    IcebergTarget,
+    check_table,
+    publish,
+)
 from danube_ingest.analytics.lifecycle import collect
 from danube_ingest.analytics.renditions import activate, create_rendition, create_table
 from danube_ingest.config import load_config
@@ -152,4 +157,36 @@ async def test_an_unreachable_catalog_is_a_clear_retriable_error(
     done = await publish(etcd_kv, keys, TOPIC, good)
     assert done is not None and done.added == 3
     assert offsets(good) == list(range(300))
+    await store.close()
+
+
+async def test_the_check_finds_a_file_added_behind_its_back(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
+) -> None:
+    """A copy of a published file added to the table by someone else: the check names the
+    offsets found twice and the file etcd does not know; publishing removes it again."""
+    found = target(tmp_path)
+    store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    await publish_input(etcd_kv, keys, [120, 300], CLOCK)
+    await create_table(etcd_kv, keys, TOPIC, since_ms=T0, width_s=600)
+    r1 = await create_rendition(etcd_kv, keys, TOPIC, "v1")
+    await run_conversion(etcd_kv, keys, store, r1)
+    await activate(etcd_kv, keys, TOPIC, r1)
+    await publish(etcd_kv, keys, TOPIC, found)
+    assert await check_table(etcd_kv, keys, TOPIC, found) == []
+
+    original = sorted(file_paths(found))[0]
+    copy = original.replace(".parquet", "-copy.parquet")
+    Path(copy.removeprefix("file://")).write_bytes(
+        Path(original.removeprefix("file://")).read_bytes()
+    )
+    table = found.catalog().load_table(("default", "orders"))
+    table.add_files([copy])
+    problems = [f.problem for f in await check_table(etcd_kv, keys, TOPIC, found)]
+    assert any("are in two files" in p for p in problems), problems
+    assert any("not the table's in etcd" in p for p in problems), problems
+    fixed = await publish(etcd_kv, keys, TOPIC, found)
+    assert fixed is not None and (fixed.added, fixed.removed) == (0, 1)
+    assert await check_table(etcd_kv, keys, TOPIC, found) == []
+    assert offsets(found) == list(range(300))
     await store.close()

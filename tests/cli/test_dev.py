@@ -132,6 +132,7 @@ def test_ctrl_c_stops_broker_then_dagster_then_etcd(tmp_path: Path) -> None:
             "rows_match_offsets",
             "frontier_contiguous",
             "files_intact",
+            "iceberg_matches",
             "converted",
         }, parquet
         resources = {

@@ -51,6 +51,7 @@ from assets.parquet import (
     partition_key,
 )
 from danube_ingest.analytics.checks import check_files, check_rows, committed_parts
+from danube_ingest.analytics.iceberg import IcebergTarget, publish
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.metadata.manifest import ObjectRange
 from danube_ingest.objects.store import ObjectStore
@@ -508,7 +509,15 @@ async def test_asset_checks_pass_then_fail_on_a_damaged_file(
         )
         return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
 
-    names = {"rows_match_offsets", "frontier_contiguous", "files_intact"}
+    names = {"rows_match_offsets", "frontier_contiguous", "files_intact", "iceberg_matches"}
+    # Committed but not yet in the Iceberg table (the helper converts without publishing).
+    assert await asyncio.to_thread(run_checks) == {
+        **dict.fromkeys(names, True),
+        "iceberg_matches": False,
+    }
+    target = IcebergTarget.from_config(ObjectStoreResource(data_dir=str(tmp_path)).broker_config())
+    assert target is not None
+    await publish(etcd_kv, keys, TOPIC, target)
     assert await asyncio.to_thread(run_checks) == dict.fromkeys(names, True)
     path = done[1][4][0]
     if damage == "deleted":
@@ -520,6 +529,7 @@ async def test_asset_checks_pass_then_fail_on_a_damaged_file(
         "rows_match_offsets": False,
         "frontier_contiguous": True,
         "files_intact": False,
+        "iceberg_matches": True,  # (the catalog still names the file as committed)
     }
 
 
@@ -544,7 +554,13 @@ def test_the_location_lists_the_parquet_asset_sensor_and_checks() -> None:
     graph = defs.resolve_asset_graph()
     keys = {(check.asset_key.path[-1], check.name) for check in graph.asset_check_keys}
     parquet = {name for asset, name in keys if asset == "parquet_partitions"}
-    assert parquet == {"rows_match_offsets", "frontier_contiguous", "files_intact", "converted"}
+    assert parquet == {
+        "rows_match_offsets",
+        "frontier_contiguous",
+        "files_intact",
+        "iceberg_matches",
+        "converted",
+    }
     # The graph: the object manifest -> the Parquet tables -> their checks.
     upstream = graph.get(AssetKey("parquet_partitions")).parent_keys
     assert upstream == {AssetKey("object_manifest")}
