@@ -36,7 +36,6 @@ itself, so they only ever settle that consumer's deliveries.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -85,8 +84,6 @@ PUBLISH_IN_FLIGHT = 64
 PUBLISH_IN_FLIGHT_BYTES = 2 * 1024 * 1024
 #: Messages per delivered batch when the Subscribe does not say.
 DEFAULT_CONSUME_BATCH = 1000
-#: Requests whose entries are at least this large are checked on a worker thread.
-OFF_LOOP_BYTES = 64 * 1024
 #: Largest decompressed block (bytes): what the broker accepts uncompressed in one request.
 MIN_BLOCK_BYTES = 64 * 1024 * 1024
 
@@ -170,9 +167,6 @@ class IngestService(pb_grpc.IngestServiceServicer):
         self._manager = manager
         self._guard = guard
         self._publish_streams = 0
-        #: Where large batches are checked (copy, decompression, CRC32C, entry checks), so
-        #: the event loop serves other streams meanwhile.
-        self._checks = concurrent.futures.ThreadPoolExecutor(2, "batch-check")
 
     async def Publish(
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
@@ -246,18 +240,12 @@ class IngestService(pb_grpc.IngestServiceServicer):
         """
         limits = self._manager.limits
         block_limits = BlockLimits(limits.max_payload_bytes, limits.max_attributes)
-        loop = asyncio.get_running_loop()
         waiting = _Waiting(answers, PUBLISH_IN_FLIGHT, PUBLISH_IN_FLIGHT_BYTES)
         try:
             async for request in requests:
                 try:
                     self._guard.authorize(caller, "produce", request.topic)
-                    if len(request.entries) < OFF_LOOP_BYTES:
-                        block = block_from_request(request, limits, block_limits)
-                    else:
-                        block = await loop.run_in_executor(
-                            self._checks, block_from_request, request, limits, block_limits
-                        )
+                    block = block_from_request(request, limits, block_limits)
                 except Exception as exc:
                     answers.put_nowait(_error(request.request_id, exc))
                     continue
