@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup kafka-jars iceberg-jars dev test lint typecheck unit bench clean redis-server libfaketime gcc
+.PHONY: setup kafka-jars iceberg-jars dev test lint typecheck unit bench clean redis-server libfaketime gcc postgresql
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,14 @@ redis-server:
 		&& apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; } \
 		|| { echo "redis-server is needed (the tests start one): apt-get install redis-server" >&2; exit 1; }
 
+## PostgreSQL (Debian's package): the Iceberg catalog database the tests start for several
+## machines' catalogs (danube_ingest.testing.LocalPostgres runs its own server).
+postgresql:
+	@test -n "$$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null)" || command -v initdb >/dev/null \
+		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq \
+		&& apt-get install -y -qq postgresql >/dev/null; } \
+		|| { echo "PostgreSQL is needed (a test starts one): apt-get install postgresql" >&2; exit 1; }
+
 ## libfaketime (Debian's package): the wall-clock-jump fault test runs the daemon under it.
 libfaketime:
 	@test -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 || { [ "$$(id -u)" = 0 ] \
@@ -77,7 +85,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-unit: setup redis-server libfaketime gcc
+unit: setup redis-server libfaketime gcc postgresql
 	$(BIN)/pytest -q -p no:cacheprovider
 
 ## The full test suite, as CI runs it: lint, type check, every test (real etcd, s3, Spark...).

@@ -858,3 +858,117 @@ def _distinct_free_ports(count: int) -> list[int]:
         if port not in ports:
             ports.append(port)
     return ports
+
+
+def find_postgres_bin() -> Path:
+    """The directory of PostgreSQL's server programs (``initdb``, ``postgres``): Debian's
+    newest ``/usr/lib/postgresql/N/bin``, else where ``initdb`` is on ``PATH``.
+    ``FileNotFoundError`` naming the package when there is none."""
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+    )
+    if versions and (versions[-1] / "initdb").exists():
+        return versions[-1]
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).resolve().parent
+    raise FileNotFoundError(
+        "PostgreSQL's initdb is not installed: apt-get install postgresql (make setup does)"
+    )
+
+
+class LocalPostgres(_ServerProcess):
+    """A throwaway PostgreSQL server: ``initdb`` into a temp dir, ``postgres`` on a free
+    loopback port (trust authentication, fsync off), one database ``iceberg``. PostgreSQL
+    refuses to run as root, so when this process is root the server runs as the ``postgres``
+    user (Debian's package creates it) through ``runuser``. ``url`` is the SQLAlchemy URL."""
+
+    user = "danube"
+    database = "iceberg"
+
+    def __init__(self) -> None:
+        self._temp_dir: Path | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        """``postgresql+psycopg2://danube@127.0.0.1:PORT/iceberg``."""
+        return self.url_of(self.database)
+
+    def url_of(self, database: str) -> str:
+        """The SQLAlchemy URL of ``database`` on this server."""
+        return f"postgresql+psycopg2://{self.user}@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> None:
+        """A new database (a catalog of its own for one test)."""
+        made = self._createdb(name)
+        if made.returncode != 0:
+            raise RuntimeError(f"createdb {name} failed: {made.stderr}")
+
+    def _createdb(self, name: str) -> subprocess.CompletedProcess[str]:
+        createdb = find_postgres_bin() / "createdb"
+        argv = [str(createdb) if createdb.exists() else "createdb"]
+        argv += ["-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, name]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+    @property
+    def log_path(self) -> Path:
+        assert self._temp_dir is not None
+        return self._temp_dir / "postgres.log"
+
+    def _as_owner(self, argv: list[str]) -> list[str]:
+        if os.geteuid() != 0:
+            return argv
+        return ["runuser", "-u", "postgres", "--", *argv]
+
+    def start(self, timeout: float = 30.0) -> None:
+        """initdb, start the server, create the database; blocks until it answers."""
+        binaries = find_postgres_bin()
+        self._temp_dir = Path(tempfile.mkdtemp(prefix="danube-pg-"))
+        if os.geteuid() == 0:
+            import pwd
+
+            owner = pwd.getpwnam("postgres")
+            os.chown(self._temp_dir, owner.pw_uid, owner.pw_gid)
+        data = self._temp_dir / "data"
+        initdb = self._as_owner(
+            [str(binaries / "initdb"), "-D", str(data), "-U", self.user, "--auth=trust",
+             "-E", "UTF8", "--no-sync"]
+        )  # fmt: skip
+        done = subprocess.run(initdb, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            self._remove_temp_dir()
+            raise RuntimeError(f"initdb failed: {done.stderr[-2000:]}")
+        self.port = free_port()
+        server = self._as_owner(
+            [str(binaries / "postgres"), "-D", str(data), "-p", str(self.port),
+             "-c", "listen_addresses=127.0.0.1", "-k", str(self._temp_dir),
+             "-c", "fsync=off", "-c", "full_page_writes=off"]
+        )  # fmt: skip
+        with open(self.log_path, "wb") as log_file:
+            self.process = subprocess.Popen(server, stdout=log_file, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while True:
+            made = self._createdb(self.database)
+            if made.returncode == 0:
+                return
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                log = self.log_path.read_text(errors="replace")[-2000:]
+                self.stop()
+                raise RuntimeError(f"PostgreSQL did not start: {made.stderr} {log}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown) and delete its directory. Idempotent."""
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGINT)
+                try:
+                    self.process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+            self.process = None
+        self._remove_temp_dir()

@@ -7,6 +7,8 @@
 * ``keys``: ``Keys`` on a fresh random prefix, so tests sharing the server never collide.
 * ``s3_server`` (session): a ``MotoServer`` (moto S3 in a child process). Every test that uses
   it is marked ``s3`` automatically.
+* ``postgres_server`` (session): a ``LocalPostgres`` (an Iceberg catalog database). Tests
+  that use it are marked ``postgres``.
 * ``certs`` (session): a CA, server and client certificates as PEM files (``tests.certs``).
 * ``produced`` (session): three topics produced through danube-client into the real daemon
   (``tests.analytics.daemon_support``), made once for every test that needs them (about a
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from danube_ingest.metadata import KV, EtcdKV, Keys, MemoryKV
-from danube_ingest.testing import LocalEtcd, LocalKafka, MotoServer
+from danube_ingest.testing import LocalEtcd, LocalKafka, LocalPostgres, MotoServer
 
 if TYPE_CHECKING:
     from tests.analytics.daemon_support import Produced
@@ -39,6 +41,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.s3)
         if "kafka_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.kafka)
+        if "postgres_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
 
 
 @pytest.fixture(scope="session")
@@ -76,6 +80,13 @@ def kafka_server() -> Iterator[str]:
     by topic prefix."""
     with LocalKafka() as kafka:
         yield kafka.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[LocalPostgres]:
+    """One PostgreSQL server for the session (an Iceberg catalog database)."""
+    with LocalPostgres() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

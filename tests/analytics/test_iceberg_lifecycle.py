@@ -5,10 +5,16 @@ unreachable catalog is a clear, retriable error. Real etcd, an fs warehouse, a S
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from danube_ingest.analytics.commit import advance_since
 from danube_ingest.analytics.errors import AnalyticsError
@@ -24,7 +30,7 @@ from danube_ingest.config import load_config
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.metadata.clock import TopicClock
 from danube_ingest.objects.store import ObjectStore
-from danube_ingest.testing import MotoServer
+from danube_ingest.testing import LocalPostgres, MotoServer
 
 from .tables_support import T0, TOPIC, ingest_ms_of, publish_input, run_conversion
 
@@ -190,3 +196,82 @@ async def test_the_check_finds_a_file_added_behind_its_back(
     assert await check_table(etcd_kv, keys, TOPIC, found) == []
     assert offsets(found) == list(range(300))
     await store.close()
+
+
+SPARK_COUNT = """
+import sys
+from danube_ingest.analytics import catalog_session
+from danube_ingest.config import load_config
+
+spark = catalog_session("pg-test", master="local[1]", config={"spark.ui.enabled": "false"},
+                        broker_config=load_config(sys.argv[1]))
+row = spark.sql("SELECT count(*) AS n, count(DISTINCT offset) AS d FROM danube.default.orders")
+print("ROW", *row.first())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+async def test_a_postgresql_catalog_is_published_once_and_read_by_spark(
+    etcd_kv: EtcdKV,
+    keys: Keys,
+    tmp_path: Path,
+    postgres_server: LocalPostgres,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The catalog for several machines: PostgreSQL. A publish whose commit answer is lost
+    adds nothing twice; Spark reads the table by name through Iceberg's JDBC catalog."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.exceptions import CommitStateUnknownException
+
+    database = f"c{uuid.uuid4().hex[:10]}"
+    postgres_server.create_database(database)
+    config_file = tmp_path / "broker.yaml"
+    config_file.write_text(
+        yaml.safe_dump(
+            {
+                "broker": {"data_dir": str(tmp_path)},
+                "storage": {"cloud": {"backend": "fs", "root": str(tmp_path / "objects")}},
+                "iceberg": {"uri": postgres_server.url_of(database)},
+            }
+        )
+    )
+    found = IcebergTarget.from_config(load_config(config_file))
+    assert found is not None and found.uri.startswith("postgresql+psycopg2://")
+    store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    await publish_input(etcd_kv, keys, [120, 300], CLOCK)
+    await create_table(etcd_kv, keys, TOPIC, since_ms=T0, width_s=600)
+    r1 = await create_rendition(etcd_kv, keys, TOPIC, "v1")
+    await run_conversion(etcd_kv, keys, store, r1)
+    await activate(etcd_kv, keys, TOPIC, r1)
+    await store.close()
+
+    real = SqlCatalog.commit_table
+    lost: list[int] = []
+
+    def commit_then_lose_the_answer(self: Any, *args: Any, **kwargs: Any) -> Any:
+        answer = real(self, *args, **kwargs)
+        if not lost and any(getattr(u, "action", "") == "add-snapshot" for u in args[2]):
+            lost.append(1)
+            raise CommitStateUnknownException("connection reset after the commit")
+        return answer
+
+    monkeypatch.setattr(SqlCatalog, "commit_table", commit_then_lose_the_answer)
+    done = await publish(etcd_kv, keys, TOPIC, found)
+    assert lost == [1]
+    assert done is not None and done.snapshot_id is None  # (the lost commit had landed)
+    table = found.catalog().load_table(("default", "orders"))
+    assert len(table.snapshots()) == 1
+    assert offsets(found) == list(range(300))
+
+    spark = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", SPARK_COUNT, str(config_file)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )
+    assert spark.returncode == 0, spark.stderr[-3000:]
+    [row] = [line for line in spark.stdout.splitlines() if line.startswith("ROW ")]
+    assert row == "ROW 300 300"
