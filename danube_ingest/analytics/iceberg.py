@@ -49,8 +49,8 @@ import pyarrow as pa
 from danube_ingest.analytics.checks import CheckFinding
 from danube_ingest.analytics.columns import table_schema
 from danube_ingest.analytics.errors import AnalyticsError
-from danube_ingest.analytics.records import PartitionCommit, TableKeys
-from danube_ingest.analytics.renditions import read_rendition, read_table
+from danube_ingest.analytics.records import PartitionCommit, TableKeys, TableRecord
+from danube_ingest.analytics.renditions import read_rendition
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.errors import ConfigError
 from danube_ingest.metadata.keys import Keys, split_topic
@@ -252,13 +252,19 @@ class _Wanted:
     converter: str
     files: dict[str, PartitionCommit]
     """URI of each file -> its partition's commit."""
+    revision: int
+    """The etcd revision of the table record read (every change of its active rendition,
+    since or upper writes it): orders publishers' views of the table."""
 
 
 async def _wanted(kv: KV, keys: Keys, topic: str, target: IcebergTarget) -> _Wanted | None:
     from danube_ingest.analytics.convert import rendition_decoder
 
-    table = await read_table(kv, keys, topic)
-    if table is None or table.active is None:
+    stored = await kv.get(TableKeys(keys, topic).table())
+    if stored is None:
+        return None
+    table = TableRecord.decode(stored.value, stored.key)
+    if table.active is None:
         return None
     record = await read_rendition(kv, keys, topic, table.active)
     if record is None:
@@ -275,7 +281,15 @@ async def _wanted(kv: KV, keys: Keys, topic: str, target: IcebergTarget) -> _Wan
     # Top-level columns are optional in the catalog: a file may then lack a column a later
     # schema added (read as null), and the Parquet's required columns still match.
     schema = pa.schema([f.with_nullable(True) for f in table_schema(decoder)])
-    return _Wanted(table.active, since, frontier, schema, record.converter_version, files)
+    return _Wanted(
+        table.active,
+        since,
+        frontier,
+        schema,
+        record.converter_version,
+        files,
+        stored.mod_revision,
+    )
 
 
 def _create(catalog: Catalog, ident: tuple[str, str], schema: pa.Schema) -> Table:
@@ -333,6 +347,7 @@ def _summary(topic: str, wanted: _Wanted, added: list[str]) -> dict[str, str]:
         "danube.last-offset": str(max(lasts, default=-1)),
         "danube.converter": wanted.converter,
         "danube.tokens": ",".join(sorted({c.token for c in commits})),
+        "danube.table-revision": str(wanted.revision),
     }
 
 
@@ -348,6 +363,26 @@ def _state(table: Table) -> tuple[str, str, str] | None:
     )
 
 
+def _behind(table: Table, wanted: _Wanted) -> bool:
+    """The table's current snapshot was published from a newer view of the etcd records than
+    ``wanted`` (a later frontier or since of the same rendition, or a later table revision)."""
+    snapshot = table.current_snapshot()
+    summary = None if snapshot is None else snapshot.summary
+    if summary is None:
+        return False
+    try:
+        revision = int(summary.get("danube.table-revision") or 0)
+        since = int(summary.get("danube.since-ms") or 0)
+        frontier = int(summary.get("danube.frontier-ms") or 0)
+    except ValueError:
+        return False
+    if summary.get("danube.rendition") == wanted.rendition and (
+        frontier > wanted.frontier_ms or since > wanted.since_ms
+    ):
+        return True
+    return revision > wanted.revision
+
+
 def _publish_once(catalog: Catalog, topic: str, wanted: _Wanted) -> PublishResult | None:
     """One attempt: the difference committed as one snapshot; None when the commit failed
     because the table moved (recompute)."""
@@ -357,6 +392,9 @@ def _publish_once(catalog: Catalog, topic: str, wanted: _Wanted) -> PublishResul
     ident = identifier(topic)
     name = ".".join((catalog.name, *ident))
     table = _create(catalog, ident, wanted.schema)
+    if _behind(table, wanted):
+        # Another publisher already committed a newer view of the table: never go back.
+        return PublishResult(name, None, 0, 0, wanted.frontier_ms)
     current = _current_files(table)
     added = sorted(set(wanted.files) - set(current))
     removed = sorted(set(current) - set(wanted.files))

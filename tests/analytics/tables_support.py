@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -165,3 +166,24 @@ async def warehouse(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
         store = ObjectStore("s3", options=server.options(bucket, root), retry=FAST_RETRY)
     yield store
     await store.close()
+
+
+def lose_first_commit_answer(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make the first Iceberg commit that adds a snapshot through a SQL catalog land, then
+    raise ``CommitStateUnknownException`` as if its answer was lost (the catalog applied it).
+    Returns a list that holds one item once that happened."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.exceptions import CommitStateUnknownException
+
+    real = SqlCatalog.commit_table
+    lost: list[int] = []
+
+    def commit_then_lose_the_answer(self: Any, *args: Any, **kwargs: Any) -> Any:
+        answer = real(self, *args, **kwargs)
+        if not lost and any(getattr(u, "action", "") == "add-snapshot" for u in args[2]):
+            lost.append(1)
+            raise CommitStateUnknownException("connection reset after the commit")
+        return answer
+
+    monkeypatch.setattr(SqlCatalog, "commit_table", commit_then_lose_the_answer)
+    return lost

@@ -20,6 +20,7 @@ from danube_ingest.config import BrokerConfig, load_config
 from danube_ingest.metadata import EtcdKV
 from danube_ingest.objects.store import ObjectStore
 from tests.analytics.daemon_support import PLAIN, TOPICS, WIDTH_S, Produced, clone
+from tests.analytics.tables_support import lose_first_commit_answer
 from tests.analytics.test_convert import check_rows
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow, pytest.mark.timeout(400)]
@@ -154,20 +155,7 @@ async def test_an_ambiguous_commit_adds_nothing_twice(
 ) -> None:
     """The catalog applies the commit, then the client sees an error (the answer was lost): the
     publish reads the table again and finds its files there."""
-    from pyiceberg.catalog.sql import SqlCatalog
-    from pyiceberg.exceptions import CommitStateUnknownException
-
-    real = SqlCatalog.commit_table
-    lost: list[int] = []
-
-    def commit_then_lose_the_answer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        answer = real(self, *args, **kwargs)
-        if not lost and any(getattr(u, "action", "") == "add-snapshot" for u in args[2]):
-            lost.append(1)
-            raise CommitStateUnknownException("connection reset after the commit")
-        return answer
-
-    monkeypatch.setattr(SqlCatalog, "commit_table", commit_then_lose_the_answer)
+    lost = lose_first_commit_answer(monkeypatch)
     warehouse_dir = tmp_path / "objects"
     target = target_for(tmp_path, warehouse_dir)
     await _convert_all(produced, kv, warehouse_dir, target)

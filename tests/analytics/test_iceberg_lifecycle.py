@@ -11,7 +11,6 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -21,6 +20,8 @@ from danube_ingest.analytics.errors import AnalyticsError
 from danube_ingest.analytics.iceberg import (
     IcebergPublishError,
     IcebergTarget,
+    _publish_sync,
+    _wanted,
     check_table,
     publish,
 )
@@ -32,7 +33,14 @@ from danube_ingest.metadata.clock import TopicClock
 from danube_ingest.objects.store import ObjectStore
 from danube_ingest.testing import LocalPostgres, MotoServer
 
-from .tables_support import T0, TOPIC, ingest_ms_of, publish_input, run_conversion
+from .tables_support import (
+    T0,
+    TOPIC,
+    ingest_ms_of,
+    lose_first_commit_answer,
+    publish_input,
+    run_conversion,
+)
 
 pytestmark = [pytest.mark.etcd]
 
@@ -48,6 +56,17 @@ def target(tmp_path: Path) -> IcebergTarget:
     found = IcebergTarget.from_config(config)
     assert found is not None
     return found
+
+
+async def active_table(kv: EtcdKV, keys: Keys, store: ObjectStore) -> str:
+    """TOPIC's table: 300 offsets over three 10-minute partitions, converted into ``store`` as
+    the active rendition ``r1`` (not published)."""
+    await publish_input(kv, keys, [120, 300], CLOCK)
+    await create_table(kv, keys, TOPIC, since_ms=T0, width_s=600)
+    rendition = await create_rendition(kv, keys, TOPIC, "v1")
+    await run_conversion(kv, keys, store, rendition)
+    await activate(kv, keys, TOPIC, rendition)
+    return rendition
 
 
 def offsets(found: IcebergTarget) -> list[int]:
@@ -94,11 +113,7 @@ async def test_handover_collection_and_since(
     etcd_kv: EtcdKV, keys: Keys, placed: tuple[IcebergTarget, ObjectStore]
 ) -> None:
     found, store = placed
-    await publish_input(etcd_kv, keys, [120, 300], CLOCK)
-    await create_table(etcd_kv, keys, TOPIC, since_ms=T0, width_s=600)
-    r1 = await create_rendition(etcd_kv, keys, TOPIC, "v1")
-    await run_conversion(etcd_kv, keys, store, r1)
-    await activate(etcd_kv, keys, TOPIC, r1)
+    r1 = await active_table(etcd_kv, keys, store)
     first = await publish(etcd_kv, keys, TOPIC, found)
     assert first is not None and (first.added, first.removed) == (3, 0)
     assert offsets(found) == list(range(300))
@@ -108,6 +123,8 @@ async def test_handover_collection_and_since(
     await run_conversion(etcd_kv, keys, store, r2, converter_version="v2")
     unchanged = await publish(etcd_kv, keys, TOPIC, found)
     assert unchanged is not None and unchanged.snapshot_id is None
+    stale = await _wanted(etcd_kv, keys, TOPIC, found)  # a publisher's view before the handover
+    assert stale is not None and stale.rendition == r1
     await activate(etcd_kv, keys, TOPIC, r2)
     # Collection publishes first: the draining r1's files leave the table, then go.
     result = await collect(etcd_kv, keys, store, topic=TOPIC, iceberg=found)
@@ -124,6 +141,12 @@ async def test_handover_collection_and_since(
     assert len(table.snapshots()) == 2  # the handover is one snapshot
     assert all(f"/{r2}/" in path for path in file_paths(found))
     assert offsets(found) == list(range(300))
+    # The slow publisher commits its older view only now: it must not bring r1 (whose files
+    # are gone) back.
+    late = await asyncio.to_thread(_publish_sync, found, TOPIC, stale)
+    assert late.snapshot_id is None
+    assert all(f"/{r2}/" in path for path in file_paths(found))
+    assert offsets(found) == list(range(300))
 
     # since moves: the first partition leaves the table.
     await advance_since(etcd_kv, keys, TOPIC, T0 + TEN_MIN)
@@ -137,11 +160,7 @@ async def test_an_unreachable_catalog_is_a_clear_retriable_error(
     etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
 ) -> None:
     store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
-    await publish_input(etcd_kv, keys, [120, 300], CLOCK)
-    await create_table(etcd_kv, keys, TOPIC, since_ms=T0, width_s=600)
-    r1 = await create_rendition(etcd_kv, keys, TOPIC, "v1")
-    await run_conversion(etcd_kv, keys, store, r1)
-    await activate(etcd_kv, keys, TOPIC, r1)
+    await active_table(etcd_kv, keys, store)
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("a file where the catalog's directory would be")
     config = load_config(
@@ -173,11 +192,7 @@ async def test_the_check_finds_a_file_added_behind_its_back(
     offsets found twice and the file etcd does not know; publishing removes it again."""
     found = target(tmp_path)
     store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
-    await publish_input(etcd_kv, keys, [120, 300], CLOCK)
-    await create_table(etcd_kv, keys, TOPIC, since_ms=T0, width_s=600)
-    r1 = await create_rendition(etcd_kv, keys, TOPIC, "v1")
-    await run_conversion(etcd_kv, keys, store, r1)
-    await activate(etcd_kv, keys, TOPIC, r1)
+    await active_table(etcd_kv, keys, store)
     await publish(etcd_kv, keys, TOPIC, found)
     assert await check_table(etcd_kv, keys, TOPIC, found) == []
 
@@ -221,9 +236,6 @@ async def test_a_postgresql_catalog_is_published_once_and_read_by_spark(
 ) -> None:
     """The catalog for several machines: PostgreSQL. A publish whose commit answer is lost
     adds nothing twice; Spark reads the table by name through Iceberg's JDBC catalog."""
-    from pyiceberg.catalog.sql import SqlCatalog
-    from pyiceberg.exceptions import CommitStateUnknownException
-
     database = f"c{uuid.uuid4().hex[:10]}"
     postgres_server.create_database(database)
     config_file = tmp_path / "broker.yaml"
@@ -239,24 +251,10 @@ async def test_a_postgresql_catalog_is_published_once_and_read_by_spark(
     found = IcebergTarget.from_config(load_config(config_file))
     assert found is not None and found.uri.startswith("postgresql+psycopg2://")
     store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
-    await publish_input(etcd_kv, keys, [120, 300], CLOCK)
-    await create_table(etcd_kv, keys, TOPIC, since_ms=T0, width_s=600)
-    r1 = await create_rendition(etcd_kv, keys, TOPIC, "v1")
-    await run_conversion(etcd_kv, keys, store, r1)
-    await activate(etcd_kv, keys, TOPIC, r1)
+    await active_table(etcd_kv, keys, store)
     await store.close()
 
-    real = SqlCatalog.commit_table
-    lost: list[int] = []
-
-    def commit_then_lose_the_answer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        answer = real(self, *args, **kwargs)
-        if not lost and any(getattr(u, "action", "") == "add-snapshot" for u in args[2]):
-            lost.append(1)
-            raise CommitStateUnknownException("connection reset after the commit")
-        return answer
-
-    monkeypatch.setattr(SqlCatalog, "commit_table", commit_then_lose_the_answer)
+    lost = lose_first_commit_answer(monkeypatch)
     done = await publish(etcd_kv, keys, TOPIC, found)
     assert lost == [1]
     assert done is not None and done.snapshot_id is None  # (the lost commit had landed)
