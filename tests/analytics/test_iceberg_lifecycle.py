@@ -195,6 +195,14 @@ async def test_the_check_finds_a_file_added_behind_its_back(
     await active_table(etcd_kv, keys, store)
     await publish(etcd_kv, keys, TOPIC, found)
     assert await check_table(etcd_kv, keys, TOPIC, found) == []
+    # Two more partitions complete, both empty (an idle topic): no snapshot for them.
+    later = TopicClock(offset=300, ingest_ms=T0 + 5 * TEN_MIN, broker="b1", epoch=1)
+    await etcd_kv.put(keys.topic_clock(TOPIC), later.encode())
+    await run_conversion(etcd_kv, keys, store, "r1")
+    idle = await publish(etcd_kv, keys, TOPIC, found)
+    assert idle is not None and idle.snapshot_id is None and idle.frontier_ms == T0 + 5 * TEN_MIN
+    assert len(found.catalog().load_table(("default", "orders")).snapshots()) == 1
+    assert await check_table(etcd_kv, keys, TOPIC, found) == []
 
     original = sorted(file_paths(found))[0]
     copy = original.replace(".parquet", "-copy.parquet")
