@@ -94,7 +94,8 @@ def registry() -> SchemaRegistry:
 
 
 def spark_round_trip(schema: pa.Schema) -> pa.Schema:
-    return to_arrow_schema(from_arrow_schema(schema), timezone="UTC")
+    # (pyspark 4.1: timestamps come back in UTC, timestamp_utc=True.)
+    return to_arrow_schema(from_arrow_schema(schema), timestamp_utc=True)
 
 
 async def test_fixed_columns_without_schema() -> None:
