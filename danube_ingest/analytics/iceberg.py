@@ -109,8 +109,7 @@ class PublishResult:
 def identifier(topic: str) -> tuple[str, str]:
     """The Iceberg ``(namespace, table)`` of a topic: ``/default/orders`` is
     ``("default", "orders")``."""
-    namespace, name = split_topic(topic)
-    return namespace, name
+    return split_topic(topic)
 
 
 def _sqlite_path(uri: str) -> str | None:
@@ -134,6 +133,7 @@ class IcebergTarget:
     location: str
     """URI prefix of the object store: a file's key appended to it is the file's URI."""
     properties: Mapping[str, str] = field(default_factory=dict)
+    _catalog: Any = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, config: BrokerConfig) -> IcebergTarget | None:
@@ -177,7 +177,15 @@ class IcebergTarget:
         return self.location + key
 
     def catalog(self) -> Catalog:
-        """A pyiceberg catalog (the SQLite file's directory is created when missing)."""
+        """The pyiceberg catalog, made on first use and kept (one engine and connection pool
+        for every table this target publishes or checks; the SQLite file's directory is
+        created when missing)."""
+        if self._catalog is None:
+            object.__setattr__(self, "_catalog", self._new_catalog())
+        catalog: Catalog = self._catalog
+        return catalog
+
+    def _new_catalog(self) -> Catalog:
         props = {**self.properties, "warehouse": self.warehouse}
         if self.kind == "rest":
             from pyiceberg.catalog.rest import RestCatalog
@@ -302,11 +310,11 @@ def _create(catalog: Catalog, ident: tuple[str, str], schema: pa.Schema) -> Tabl
     from pyiceberg.table import TableProperties
     from pyiceberg.transforms import HourTransform, IdentityTransform
 
-    with contextlib.suppress(NamespaceAlreadyExistsError):
-        catalog.create_namespace(ident[0])
     try:
         table = catalog.load_table(ident)
     except NoSuchTableError:
+        with contextlib.suppress(NamespaceAlreadyExistsError):
+            catalog.create_namespace(ident[0])
         try:
             table = catalog.create_table(ident, schema=schema, properties={"format-version": "2"})
         except TableAlreadyExistsError:
@@ -332,6 +340,20 @@ def _current_files(table: Table) -> dict[str, Any]:
     if table.current_snapshot() is None:
         return {}
     return {task.file.file_path: task.file for task in table.scan().plan_files()}
+
+
+def _difference(table: Table, wanted: _Wanted) -> tuple[dict[str, Any], list[str], list[str]]:
+    """The current snapshot's files (URI -> DataFile), and the URIs etcd wants that it lacks
+    and that it holds but etcd does not want, each sorted."""
+    current = _current_files(table)
+    added = sorted(set(wanted.files) - set(current))
+    removed = sorted(set(current) - set(wanted.files))
+    return current, added, removed
+
+
+def _same_view(state: tuple[str, str, str] | None, wanted: _Wanted) -> bool:
+    """The current snapshot (``_state``) holds ``wanted``'s rendition from its ``since``."""
+    return state is not None and state[:2] == (wanted.rendition, str(wanted.since_ms))
 
 
 def _summary(topic: str, wanted: _Wanted, added: list[str]) -> dict[str, str]:
@@ -395,21 +417,11 @@ def _publish_once(catalog: Catalog, topic: str, wanted: _Wanted) -> PublishResul
     if _behind(table, wanted):
         # Another publisher already committed a newer view of the table: never go back.
         return PublishResult(name, None, 0, 0, wanted.frontier_ms)
-    current = _current_files(table)
-    added = sorted(set(wanted.files) - set(current))
-    removed = sorted(set(current) - set(wanted.files))
+    current, added, removed = _difference(table, wanted)
     # Nothing to add or remove: no snapshot, even if the frontier moved over empty
     # partitions (the summary's frontier may lag then; it is a lower bound), so an idle topic
     # does not add a snapshot per conversion.
-    state = _state(table)
-    if (
-        not added
-        and not removed
-        and (
-            not current
-            or (state is not None and state[:2] == (wanted.rendition, str(wanted.since_ms)))
-        )
-    ):
+    if not added and not removed and (not current or _same_view(_state(table), wanted)):
         return PublishResult(name, None, 0, 0, wanted.frontier_ms)
     tx = table.transaction()
     if set(wanted.schema.names) - {f.name for f in table.schema().fields}:
@@ -505,8 +517,7 @@ def _check_sync(target: IcebergTarget, topic: str, wanted: _Wanted) -> list[str]
             return []
         return [f"no Iceberg table, but {len(wanted.files)} published files: publish it"]
     problems: list[str] = []
-    current = _current_files(table)
-    missing, extra = set(wanted.files) - set(current), set(current) - set(wanted.files)
+    current, missing, extra = _difference(table, wanted)
     if missing:
         problems.append(
             f"{len(missing)} published files are not in the current snapshot (e.g. "
@@ -520,7 +531,7 @@ def _check_sync(target: IcebergTarget, topic: str, wanted: _Wanted) -> list[str]
     state = _state(table)
     if current and (
         state is None
-        or state[:2] != (wanted.rendition, str(wanted.since_ms))
+        or not _same_view(state, wanted)
         or not state[2].isdigit()
         or int(state[2]) > wanted.frontier_ms
     ):
