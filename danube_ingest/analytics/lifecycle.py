@@ -105,9 +105,10 @@ async def collect(
     (no live intent, nothing committed left unpublished) and begun more than
     ``staging_grace_s`` before ``now_ms``, then every ``draining`` rendition that no reader
     holds. The active rendition and ``building`` ones are never touched; a held one is
-    reported in ``held``. Idempotent. With ``iceberg``, each table is published to the catalog
-    first, so its current snapshot no longer names a draining rendition's files when they go
-    (``IcebergPublishError``: nothing of that table is collected)."""
+    reported in ``held``. Idempotent. With ``iceberg``, a table with a draining rendition is
+    published to the catalog first, so its current snapshot no longer names that rendition's
+    files when they go (``IcebergPublishError``: nothing of that table is collected); tables
+    without one need no catalog work."""
     if topic is None:
         topics = sorted(r.name for r in await Records(kv, keys).list_topics())
     else:
@@ -119,18 +120,20 @@ async def collect(
     for name in topics:
         if await read_table(kv, keys, name) is None:
             continue
-        if iceberg is not None:
+        tables = TableKeys(keys, name)
+        draining = [
+            entry.key[len(tables.renditions_prefix()) :]
+            for entry in await kv.get_prefix(tables.renditions_prefix())
+            if tables.is_rendition(entry.key)
+            and RenditionRecord.decode(entry.value, entry.key).state == "draining"
+        ]
+        if iceberg is not None and draining:
+            # Only a draining rendition's files may still be named by the Iceberg table.
             await publish(kv, keys, name, iceberg)
         staging += await collect_staging(
             kv, keys, warehouse, root, grace_s=staging_grace_s, now_ms=now_ms, topic=name
         )
-        tables = TableKeys(keys, name)
-        for entry in await kv.get_prefix(tables.renditions_prefix()):
-            if not tables.is_rendition(entry.key):
-                continue
-            if RenditionRecord.decode(entry.value, entry.key).state != "draining":
-                continue
-            rendition = entry.key[len(tables.renditions_prefix()) :]
+        for rendition in draining:
             try:
                 files += await collect_rendition(kv, keys, name, rendition, warehouse, root)
             except RenditionHeldError as exc:
