@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup kafka-jars iceberg-jars dev test lint typecheck unit bench clean redis-server libfaketime gcc postgresql
+.PHONY: setup maven kafka-jars iceberg-jars dev test lint typecheck unit bench clean redis-server libfaketime gcc postgresql
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,32 +14,26 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-## The Kafka jars (`danube-ingest kafka`, the Kafka test fixtures): tools/kafka/pom.xml's
-## dependencies copied by Maven into .deps/kafka, again only when the pom changes. Maven
-## (Debian's package) is installed with apt-get when missing and we are root.
-KAFKA_JARS := .deps/kafka
-KAFKA_STAMP := $(KAFKA_JARS)/.fetched-stamp
+## Jars fetched by Maven: tools/NAME/pom.xml's dependencies copied into .deps/NAME, again only
+## when that pom changes. Maven (Debian's package) is installed with apt-get when missing and
+## we are root.
+##   .deps/kafka: a KRaft Kafka (`danube-ingest kafka`, the Kafka test fixtures);
+##   .deps/iceberg: Spark's Iceberg runtime and the SQLite and PostgreSQL JDBC drivers (Spark
+##   SQL reads the topics' Iceberg tables by name with them).
+KAFKA_STAMP := .deps/kafka/.fetched-stamp
+ICEBERG_STAMP := .deps/iceberg/.fetched-stamp
 
-$(KAFKA_STAMP): tools/kafka/pom.xml
+maven:
 	@command -v mvn >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& apt-get update -qq && apt-get install -y -qq maven >/dev/null; } \
-		|| { echo "mvn is needed to fetch the Kafka jars: apt-get install maven" >&2; exit 1; }
-	rm -rf $(KAFKA_JARS)
-	mvn -q -B -f tools/kafka/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(KAFKA_JARS)
-	touch $(KAFKA_STAMP)
+		|| { echo "mvn is needed to fetch the jars: apt-get install maven" >&2; exit 1; }
+
+.deps/%/.fetched-stamp: tools/%/pom.xml | maven
+	rm -rf .deps/$*
+	mvn -q -B -f tools/$*/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/.deps/$*
+	touch $@
 
 kafka-jars: $(KAFKA_STAMP)
-
-## Spark's Iceberg runtime and the SQLite JDBC driver (Spark SQL reads the topics' Iceberg
-## tables by name with them): tools/iceberg/pom.xml's dependencies, into .deps/iceberg (after
-## the Kafka jars, whose rule installs Maven when it is missing).
-ICEBERG_JARS := .deps/iceberg
-ICEBERG_STAMP := $(ICEBERG_JARS)/.fetched-stamp
-
-$(ICEBERG_STAMP): tools/iceberg/pom.xml $(KAFKA_STAMP)
-	rm -rf $(ICEBERG_JARS)
-	mvn -q -B -f tools/iceberg/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(ICEBERG_JARS)
-	touch $(ICEBERG_STAMP)
 
 iceberg-jars: $(ICEBERG_STAMP)
 
