@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from dagster import ConfigurableResource
 
-from danube_ingest.config.loader import load_config
+from danube_ingest.config.loader import CONFIG_ENV, DATA_DIR_ENV, load_config
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.metadata.etcd_security import ENV as ETCD_ENV
@@ -88,14 +88,6 @@ class EtcdResource(ConfigurableResource):  # type: ignore[type-arg]
             yield kv, Keys(self.prefix)
         finally:
             await kv.close()
-
-
-#: The broker YAML whose ``storage.cloud`` section names the object store (as the Spark job
-#: reads it); unset: every key at its default (``./data/objects`` on fs, the dev layout).
-CONFIG_ENV = "DANUBE_INGEST_CONFIG"
-#: Overrides ``broker.data_dir`` of that YAML (``danube-ingest dev --data-dir`` sets it), which
-#: places the fs objects at ``{data_dir}/objects`` unless ``storage.cloud.root`` says otherwise.
-DATA_DIR_ENV = "DANUBE_INGEST_DATA_DIR"
 
 
 class ObjectStoreResource(ConfigurableResource):  # type: ignore[type-arg]

@@ -101,10 +101,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config() -> BrokerConfig:
-    return config_from_env()
-
-
 def _session() -> SparkSession:
     return spark_session("danube-ingest-convert")
 
@@ -221,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     try:
-        config = _config()
+        config = config_from_env()
         result = asyncio.run(_run(args, config))
     except ConfigError as exc:
         print(f"danube_ingest.analytics.job: {exc}", file=sys.stderr)

@@ -51,6 +51,7 @@ from danube_ingest.analytics.errors import RenditionError
 from danube_ingest.analytics.records import PartitionCommit, TableKeys
 from danube_ingest.analytics.renditions import hold, read_rendition
 from danube_ingest.config import load_config
+from danube_ingest.config.loader import CONFIG_ENV
 from danube_ingest.metadata.etcd import EtcdKV
 from danube_ingest.metadata.etcd_security import EtcdSecurity
 from danube_ingest.metadata.keys import Keys
@@ -64,7 +65,6 @@ __all__ = ["TopicRead", "open_topic", "read_topic"]
 
 ENDPOINTS_ENV = "DANUBE_INGEST_ETCD_ENDPOINTS"
 PREFIX_ENV = "DANUBE_INGEST_ETCD_PREFIX"
-CONFIG_ENV = "DANUBE_INGEST_CONFIG"
 
 Instant = dt.datetime | int | str | None
 T = TypeVar("T")

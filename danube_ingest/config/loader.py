@@ -253,9 +253,11 @@ def load_config(
 
 
 #: The broker YAML that tools started beside the brokers read (the Spark job, Dagster, the
-#: readers' helpers); unset: every key at its default.
+#: readers' helpers); unset: every key at its default (``./data/objects`` on fs, the dev
+#: layout).
 CONFIG_ENV = "DANUBE_INGEST_CONFIG"
-#: Overrides that file's ``broker.data_dir`` (``danube-ingest dev --data-dir`` sets it).
+#: Overrides that file's ``broker.data_dir`` (``danube-ingest dev --data-dir`` sets it), which
+#: places the fs objects at ``{data_dir}/objects`` unless ``storage.cloud.root`` says otherwise.
 DATA_DIR_ENV = "DANUBE_INGEST_DATA_DIR"
 
 
