@@ -891,6 +891,8 @@ class LocalPostgres(_ServerProcess):
         self._temp_dir: Path | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self._bin = Path()
+        """PostgreSQL's programs (``find_postgres_bin``), found by ``start``."""
 
     @property
     def url(self) -> str:
@@ -908,7 +910,7 @@ class LocalPostgres(_ServerProcess):
             raise RuntimeError(f"createdb {name} failed: {made.stderr}")
 
     def _createdb(self, name: str) -> subprocess.CompletedProcess[str]:
-        createdb = find_postgres_bin() / "createdb"
+        createdb = self._bin / "createdb"
         argv = [str(createdb) if createdb.exists() else "createdb"]
         argv += ["-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, name]
         return subprocess.run(argv, capture_output=True, text=True, timeout=30)
@@ -925,7 +927,7 @@ class LocalPostgres(_ServerProcess):
 
     def start(self, timeout: float = 30.0) -> None:
         """initdb, start the server, create the database; blocks until it answers."""
-        binaries = find_postgres_bin()
+        binaries = self._bin = find_postgres_bin()
         self._temp_dir = Path(tempfile.mkdtemp(prefix="danube-pg-"))
         if os.geteuid() == 0:
             import pwd
