@@ -15,7 +15,7 @@ import pytest
 
 from danube_ingest.analytics import catalog_session
 from danube_ingest.analytics.convert import convert
-from danube_ingest.analytics.iceberg import IcebergTarget, publish
+from danube_ingest.analytics.iceberg import IcebergTarget, identifier, publish
 from danube_ingest.config import BrokerConfig, load_config
 from danube_ingest.metadata import EtcdKV
 from danube_ingest.objects.store import ObjectStore
@@ -94,8 +94,7 @@ async def test_topics_read_by_name_as_sent(
     keys = await _convert_all(produced, kv, warehouse_dir, target)
     catalog = target.catalog()
     for topic in TOPICS:
-        name = topic.strip("/").split("/")
-        table = catalog.load_table((name[0], name[1]))
+        table = catalog.load_table(identifier(topic))
         rows = table.scan().to_arrow().sort_by("offset").to_pylist()
         check_rows(topic, rows, range(produced.sent[topic]))
         snapshots = table.snapshots()
@@ -162,7 +161,7 @@ async def test_an_ambiguous_commit_adds_nothing_twice(
     assert lost == [1]
     catalog = target.catalog()
     for topic in TOPICS:
-        table = catalog.load_table(("default", topic.rsplit("/", 1)[1]))
+        table = catalog.load_table(identifier(topic))
         assert len(table.snapshots()) == 1, topic
         offsets = table.scan().to_arrow().column("offset").to_pylist()
         assert sorted(offsets) == list(range(produced.sent[topic])), topic

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from danube_ingest.analytics.iceberg import IcebergTarget
+from danube_ingest.analytics.iceberg import IcebergTarget, identifier
 from danube_ingest.analytics.layout import partition_end, partition_start
 from danube_ingest.analytics.records import PartitionCommit, TableKeys
 from danube_ingest.config import load_config
@@ -362,7 +362,7 @@ async def test_spark_conversion_killed_and_rerun_commits_each_message_once(
     # up to the table's frontier, in one snapshot (the killed run published nothing).
     target = IcebergTarget.from_config(load_config(config))
     assert target is not None
-    iceberg = target.catalog().load_table(("default", CONVERTED.rsplit("/", 1)[1]))
+    iceberg = target.catalog().load_table(identifier(CONVERTED))
     offsets = sorted(iceberg.scan().to_arrow().column("offset").to_pylist())
     assert offsets == list(range(acked))
     assert len(iceberg.snapshots()) == 1
