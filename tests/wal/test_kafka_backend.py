@@ -73,14 +73,20 @@ async def test_kafka_alone_recovers_the_region_after_its_cache_is_deleted(
         await again.close()
 
 
-async def test_a_second_tenure_fences_the_first(kafka_server: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("commits", [1, 2])
+async def test_a_second_tenure_fences_the_first(
+    kafka_server: str, tmp_path: Path, commits: int
+) -> None:
     """Two processes opening one region (a paused owner and its successor): once the second
     has opened it, the first acknowledges nothing more (its appends fail), and the second
-    holds everything the first acknowledged."""
+    holds everything the first acknowledged. The writer takes the region's transactional ids
+    in turn, so 1 and 2 commits before the successor leave the late append to each id."""
     settings = _settings(kafka_server)
     first = await RegionLog.open(tmp_path / "a" / "r0", kafka=settings)
     acked = [Entry(b"before-%d" % i) for i in range(50)]
-    await asyncio.wait_for(first.stage_batch(TOPIC, acked), ANSWER)
+    for part in range(commits):
+        await asyncio.wait_for(first.stage_batch(TOPIC, acked[part::commits]), ANSWER)
+    acked = [entry for part in range(commits) for entry in acked[part::commits]]
 
     second = await RegionLog.open(tmp_path / "b" / "r0", kafka=settings)
     try:
@@ -88,7 +94,7 @@ async def test_a_second_tenure_fences_the_first(kafka_server: str, tmp_path: Pat
         first.stage(TOPIC, late)
         with pytest.raises(WalFailedError, match=r"(?i)fenc"):
             await asyncio.wait_for(late, ANSWER)
-        assert await _payloads(second) == [(i, b"before-%d" % i) for i in range(50)]
+        assert await _payloads(second) == [(i, e.payload) for i, e in enumerate(acked)]
         nxt = Entry(b"next")
         second.stage(TOPIC, nxt)
         assert await asyncio.wait_for(nxt, ANSWER) == 50
@@ -202,6 +208,16 @@ def test_settings_that_would_break_durability_are_refused(kafka_server: str) -> 
         KafkaWal(kafka_server, wal="w", replication_factor=1, min_insync_replicas=2)
     with pytest.raises(ConfigError, match="bootstrap_servers"):
         KafkaWal(" ", wal="w")
+
+
+def test_each_region_has_its_own_transactional_ids() -> None:
+    """A region writes through two transactional ids in turn (see ``TRANSACTIONAL_PRODUCERS``);
+    no id of one region is an id of another, whatever the region names."""
+    settings = KafkaWal("127.0.0.1:1", wal="w")
+    regions = ["r0", "r0/2", "r0.2", "r0_2", "r"]
+    ids = [tid for region in regions for tid in settings.region(region).transactional_ids]
+    assert settings.region("r0").transactional_ids == ("danube-wal.w.r0", "danube-wal.w.r0/2")
+    assert len(ids) == len(set(ids)) == 2 * len(regions)
 
 
 def test_the_region_is_read_back_committed_only(kafka_server: str, tmp_path: Path) -> None:

@@ -8,15 +8,19 @@ segment files (never synced) that reads, the uploader and recovery's parser use.
 durable copy; the cache can be deleted at any time.
 
 Group commit: one writer thread takes every chunk handed to it, produces them in one Kafka
-transaction (the region's transactional id), commits it, and reports them all durable. A
+transaction, commits it, and reports them all durable. Transactions run one at a time, on the
+region's two transactional producers in turn (``TRANSACTIONAL_PRODUCERS``): Kafka answers a
+commit before its markers are written, and a new transaction of the same id started meanwhile
+waits 20 ms in librdkafka (``CONCURRENT_TRANSACTIONS``); the other id has no such wait. A
 committed transaction is on every in-sync replica (transactions imply ``acks=all`` and
 idempotence), so an acknowledged entry survives the loss of the Kafka broker that led the
 partition, when ``min.insync.replicas`` is at least 2.
 
-Fencing: ``recover`` initialises the region's transactional producer, which bumps its epoch:
-any earlier producer of this region (a paused process, an older tenure) can no longer commit;
-its open transaction is aborted and its records are never read (readers use
-``read_committed``). Appends it made after that fail; it acknowledges none of them.
+Fencing: ``recover`` initialises the region's transactional producers (both ids, before
+reading anything), which bumps their epochs: any earlier producer of this region (a paused
+process, an older tenure) can no longer commit; its open transactions are aborted and their
+records are never read (readers use ``read_committed``). Appends it made after that fail; it
+acknowledges none of them.
 
 Recovery: ``recover`` reads the meta topic's latest snapshot (and the lowest segment still kept),
 then every committed data record from Kafka's low watermark, and rebuilds the cache directory
@@ -47,7 +51,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -89,7 +93,9 @@ class KafkaBackend:
         self._settings = settings
         self._region = region
         self.topics: RegionTopics = settings.region(region)
-        self._producer: Producer | None = None
+        #: The region's transactional producers (one per id), used in turn, one at a time.
+        self._producers: list[Producer] = []
+        self._turn = 0
         self._queue: deque[Chunk] = deque()
         #: Meta records to commit with the next transaction, with who waits for them.
         self._metas: list[tuple[bytes, int, Future[None]]] = []
@@ -124,20 +130,25 @@ class KafkaBackend:
     def _recover(self, index_interval: int) -> RegionState:
         settings, names = self._settings, self.topics
         ensure_topics(settings, names)
-        self._producer = self._new_producer()
+        # Every id is taken (and its open transaction aborted) before anything is read, so
+        # that no open transaction of an earlier owner holds back what read_committed sees.
+        # (In parallel: each init_transactions waits on Kafka's coordinator.)
+        with ThreadPoolExecutor(len(names.transactional_ids), "wal-kafka-init") as pool:
+            self._producers = list(pool.map(self._new_producer, names.transactional_ids))
         snapshot, kept_from = self._read_meta()
         self._kept_from = self._trimmed_from = kept_from
         self._rebuild_cache(snapshot, kept_from)
         return recover_region(self._dir, index_interval)
 
-    def _new_producer(self) -> Producer:
-        """The region's transactional producer, initialised: every earlier producer of the
-        region is fenced from here on, and its open transaction aborted."""
-        settings, names = self._settings, self.topics
+    def _new_producer(self, transactional_id: str) -> Producer:
+        """The region's transactional producer of ``transactional_id``, initialised: every
+        earlier producer of that id is fenced from here on, and its open transaction
+        aborted."""
+        settings = self._settings
         producer = Producer(
             {
                 **settings.common(),
-                "transactional.id": names.transactional_id,
+                "transactional.id": transactional_id,
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 0,
@@ -155,7 +166,7 @@ class KafkaBackend:
             producer.init_transactions(max(settings.delivery_timeout_ms / 1000.0, 30.0))
         except KafkaException as exc:
             raise KafkaWalError(
-                f"could not take the WAL region {names.transactional_id} in Kafka: {exc.args[0]}"
+                f"could not take the WAL region {transactional_id} in Kafka: {exc.args[0]}"
             ) from exc
         return producer
 
@@ -336,9 +347,8 @@ class KafkaBackend:
         records = self._records(group)
         self._commit_started = time.monotonic()
         backoff = RETRY_BACKOFF
+        producer = self._producers[self._turn]
         while True:
-            producer = self._producer
-            assert producer is not None
             reports = _Deliveries()
             try:
                 producer.begin_transaction()
@@ -362,13 +372,14 @@ class KafkaBackend:
                     )
             except KafkaException as exc:
                 self._retry_or_raise(exc.args[0], exc)
-                self._abort()
+                self._abort(producer)
                 backoff = self._pause(backoff)
                 continue
             if self._finish(producer):
                 break
-            self._abort()
+            self._abort(producer)
             backoff = self._pause(backoff)
+        self._turn = (self._turn + 1) % len(self._producers)
         if reports.errors:  # committed means every record was delivered: never seen
             raise KafkaWalError(f"Kafka reported {reports.errors[0]} for a committed transaction")
         self._commit_started = None
@@ -426,11 +437,9 @@ class KafkaBackend:
         time.sleep(backoff)
         return min(backoff * 2, MAX_BACKOFF)
 
-    def _abort(self) -> None:
-        """End the failed transaction, retrying while Kafka is away (no transaction under way
-        is fine)."""
-        producer = self._producer
-        assert producer is not None
+    def _abort(self, producer: Producer) -> None:
+        """End ``producer``'s failed transaction, retrying while Kafka is away (no transaction
+        under way is fine)."""
         backoff = RETRY_BACKOFF
         while True:
             try:
@@ -555,8 +564,8 @@ class KafkaBackend:
             os.close(self._active_fd)
             self._active_fd = -1
         self._reads.close()
-        if self._producer is not None:
-            await asyncio.to_thread(self._producer.flush, 5.0)
+        for producer in self._producers:
+            await asyncio.to_thread(producer.flush, 5.0)
 
 
 class _Deliveries:

@@ -11,7 +11,8 @@ A region of the Kafka backend is two Kafka topics of one partition each (see
 
 ``wal`` names the WAL, not the machine: the broker id. A broker restarted with its data
 directory wiped finds its region in Kafka again; two processes claiming one WAL fence each
-other through the region's transactional id (``{prefix}{wal}.{region}``).
+other through the region's two transactional ids (``{prefix}{wal}.{region}`` and the same
+with ``/2``: the writer alternates between them, see :mod:`danube_ingest.wal.kafka.backend`).
 """
 
 from __future__ import annotations
@@ -41,13 +42,22 @@ def _safe(name: str) -> str:
     return cleaned
 
 
+#: Transactional producers per region. Kafka answers a transaction's commit before it has
+#: written the commit markers; a new transaction of the same id that starts meanwhile gets
+#: ``CONCURRENT_TRANSACTIONS``, which librdkafka retries after a fixed 20 ms. Alternating
+#: between two ids lets the markers of one finish while the other commits.
+TRANSACTIONAL_PRODUCERS = 2
+
+
 @dataclass(frozen=True, slots=True)
 class RegionTopics:
     """The Kafka names of one region."""
 
     data: str
     meta: str
-    transactional_id: str
+    transactional_ids: tuple[str, ...]
+    """The region's transactional ids: the first is the topic name, the others add ``/N``
+    (a '/' never occurs in a topic name, so no other region's id can equal one of them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +114,8 @@ class KafkaWal:
                 f"storage.wal.kafka.topic_prefix: the WAL topic name {base!r} is longer than "
                 "Kafka allows (249 characters)"
             )
-        return RegionTopics(data=base, meta=base + ".meta", transactional_id=base)
+        ids = (base,) + tuple(f"{base}/{n}" for n in range(2, TRANSACTIONAL_PRODUCERS + 1))
+        return RegionTopics(data=base, meta=base + ".meta", transactional_ids=ids)
 
     def common(self) -> dict[str, Any]:
         """Settings every client of the WAL gets."""
