@@ -114,7 +114,7 @@ class KafkaWal:
                 f"storage.wal.kafka.topic_prefix: the WAL topic name {base!r} is longer than "
                 "Kafka allows (249 characters)"
             )
-        ids = (base,) + tuple(f"{base}/{n}" for n in range(2, TRANSACTIONAL_PRODUCERS + 1))
+        ids = (base, *(f"{base}/{n}" for n in range(2, TRANSACTIONAL_PRODUCERS + 1)))
         return RegionTopics(data=base, meta=base + ".meta", transactional_ids=ids)
 
     def common(self) -> dict[str, Any]:
