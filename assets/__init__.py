@@ -2,7 +2,7 @@
 
 * :mod:`assets.parquet` - ``parquet_partitions``: committed Parquet, one partition per table
   partition, its sensor and checks; job ``parquet_collect`` (dead runs' staging, unheld
-  draining renditions).
+  draining renditions); job ``iceberg_maintenance`` (old snapshots, orphan metadata).
 * :mod:`assets.objects` - job ``object_gc`` (orphaned objects); the external asset
   ``object_manifest`` with its checks ``objects_intact`` and ``ranges_contiguous`` (job
   ``manifest_integrity``).
@@ -25,6 +25,7 @@ from assets.objects import (
     object_manifest,
 )
 from assets.parquet import (
+    iceberg_maintenance,
     parquet_checks,
     parquet_collect,
     parquet_job,
@@ -38,6 +39,7 @@ from assets.wal_marks import prune_marks_job, prune_marks_sensor, wal_prune_mark
 
 __all__ = [
     "etcd_compaction",
+    "iceberg_maintenance",
     "manifest_integrity_checks",
     "manifest_integrity_job",
     "object_gc",

@@ -26,6 +26,9 @@ Checks (``danube_ingest.analytics.checks``), over every table of the active rend
 
 Job ``parquet_collect`` (op ``collect_parquet``): ``lifecycle.collect`` over every table, its
 counts as metadata.
+
+Job ``iceberg_maintenance`` (op ``maintain_iceberg``): ``iceberg.maintain`` over every table
+(expire old snapshots, delete orphan metadata files), its totals as metadata.
 """
 
 import asyncio
@@ -54,6 +57,7 @@ from dagster import (
     DefaultSensorStatus,
     DynamicPartitionsDefinition,
     Failure,
+    Field,
     MaterializeResult,
     MetadataValue,
     OpExecutionContext,
@@ -86,10 +90,17 @@ from danube_ingest.analytics.checks import (
     topics_with_manifest,
 )
 from danube_ingest.analytics.convert import failure_cause, pending_partitions
-from danube_ingest.analytics.iceberg import IcebergTarget, check_table
+from danube_ingest.analytics.iceberg import (
+    MIN_SNAPSHOTS,
+    IcebergTarget,
+    MaintenanceResult,
+    check_table,
+    maintain,
+)
 from danube_ingest.analytics.lifecycle import CollectResult, collect
 from danube_ingest.analytics.preflight import Preflight, preflight, table_starts
-from danube_ingest.errors import DanubeIngestError
+from danube_ingest.config.values import parse_duration
+from danube_ingest.errors import ConfigError, DanubeIngestError
 from danube_ingest.metadata import KV, Keys
 from danube_ingest.objects.store import ObjectStore
 from pipelines.resources import ConvertJobResource, EtcdResource, ObjectStoreResource
@@ -590,10 +601,70 @@ def parquet_collect() -> None:
     collect_parquet()
 
 
+@op(
+    description="Expires each Iceberg table's snapshots older than max_snapshot_age (never the "
+    "current one nor the newest min_snapshots) and deletes its metadata files nothing "
+    "references, once older than orphan_grace (danube_ingest.analytics.iceberg.maintain).",
+    config_schema={
+        "max_snapshot_age": Field(str, default_value="5d"),
+        "min_snapshots": Field(int, default_value=MIN_SNAPSHOTS),
+        "orphan_grace": Field(str, default_value="1h"),
+    },
+    tags={"kind": "analytics"},
+)
+def maintain_iceberg(
+    context: OpExecutionContext, etcd: EtcdResource, objects: ObjectStoreResource
+) -> Output[dict[str, int]]:
+    """``iceberg.maintain`` over every topic's table; totals as output and metadata (nothing to
+    do when the catalog is ``off``)."""
+    config = context.op_config
+    try:
+        max_age = parse_duration(config["max_snapshot_age"])
+        grace = parse_duration(config["orphan_grace"])
+    except (ConfigError, ValueError) as exc:
+        raise Failure(f"iceberg_maintenance config: {exc}") from exc
+    target = IcebergTarget.from_config(objects.broker_config())
+
+    async def work(kv: KV, keys: Keys) -> list[MaintenanceResult]:
+        if target is None:
+            return []
+        done = []
+        for topic in await topics_with_manifest(kv, keys):
+            result = await maintain(
+                target,
+                topic,
+                max_snapshot_age_s=max_age,
+                min_snapshots=config["min_snapshots"],
+                orphan_grace_s=grace,
+            )
+            if result is not None:
+                done.append(result)
+        return done
+
+    results = _run_etcd(etcd, work)
+    totals = {
+        "tables": len(results),
+        "snapshots_expired": sum(r.snapshots_expired for r in results),
+        "snapshots_kept": sum(r.snapshots_kept for r in results),
+        "files_deleted": sum(r.files_deleted for r in results),
+        "bytes_deleted": sum(r.bytes_deleted for r in results),
+    }
+    context.log.info(" ".join(f"{k}={v}" for k, v in totals.items()))
+    return Output(totals, metadata=dict(totals))
+
+
+@job(tags={"kind": "analytics"}, description="Expire old Iceberg snapshots, delete orphans.")
+def iceberg_maintenance() -> None:
+    """One ``maintain_iceberg`` step."""
+    maintain_iceberg()
+
+
 __all__ = [
     "PARTITIONS",
     "collect_parquet",
     "converted_check_key",
+    "iceberg_maintenance",
+    "maintain_iceberg",
     "parquet_checks",
     "parquet_collect",
     "parquet_job",

@@ -13,6 +13,7 @@ from dagster import (
 
 from assets import (
     etcd_compaction,
+    iceberg_maintenance,
     manifest_integrity_checks,
     manifest_integrity_job,
     object_gc,
@@ -54,6 +55,14 @@ parquet_collect_schedule = ScheduleDefinition(
     default_status=DefaultScheduleStatus.RUNNING,
 )
 
+#: Every 6 hours, after collection: snapshots expire after days (the op's ``max_snapshot_age``,
+#: 5 days), and orphan metadata waits an hour (``orphan_grace``).
+iceberg_maintenance_schedule = ScheduleDefinition(
+    job=iceberg_maintenance,
+    cron_schedule="45 */6 * * *",
+    default_status=DefaultScheduleStatus.RUNNING,
+)
+
 #: Hourly: an orphan is collected an hour after it was written (``orphans.DEFAULT_GRACE_S``).
 object_gc_schedule = ScheduleDefinition(
     job=object_gc, cron_schedule="50 * * * *", default_status=DefaultScheduleStatus.RUNNING
@@ -89,6 +98,7 @@ defs = Definitions(
         parquet_job,
         parquet_checks_job,
         parquet_collect,
+        iceberg_maintenance,
         object_gc,
         manifest_integrity_job,
         object_retention,
@@ -98,6 +108,7 @@ defs = Definitions(
     schedules=[
         parquet_checks_schedule,
         parquet_collect_schedule,
+        iceberg_maintenance_schedule,
         object_gc_schedule,
         manifest_integrity_schedule,
         object_retention_schedule,

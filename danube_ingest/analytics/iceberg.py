@@ -64,9 +64,11 @@ __all__ = [
     "DEFAULT_JARS_DIR",
     "IcebergPublishError",
     "IcebergTarget",
+    "MaintenanceResult",
     "PublishResult",
     "check_table",
     "identifier",
+    "maintain",
     "publish",
 ]
 
@@ -81,6 +83,16 @@ JARS_ENV = "DANUBE_INGEST_ICEBERG_JARS"
 PARTITION_FIELD = "ingest_hour"
 #: Commits tried before giving up when other publishers keep winning.
 MAX_ATTEMPTS = 8
+#: Maintenance defaults (``maintain``): snapshots younger than this stay (time travel to them
+#: works; Iceberg's own default for ``history.expire.max-snapshot-age-ms``), the newest ones
+#: always stay, and an unreferenced metadata file is deleted only once older than the grace (a
+#: publisher writes its manifests before it commits them).
+SNAPSHOT_MAX_AGE_S = 5 * 24 * 3600.0
+MIN_SNAPSHOTS = 1
+ORPHAN_GRACE_S = 3600.0
+#: Table properties set at creation and by ``maintain``: each commit deletes metadata.json
+#: versions beyond the newest ``METADATA_VERSIONS`` (pyiceberg and Spark both honour them).
+METADATA_VERSIONS = 20
 
 
 class IcebergPublishError(AnalyticsError):
@@ -330,9 +342,16 @@ def _create(catalog: Catalog, ident: tuple[str, str], schema: pa.Schema) -> Tabl
                 order.asc("offset", IdentityTransform())
         if table.metadata.name_mapping() is None:
             mapping = table.schema().name_mapping.model_dump_json()
-            tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping})
+            tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping, **_TIDY})
         table = tx.commit_transaction()
     return table
+
+
+#: See ``METADATA_VERSIONS``.
+_TIDY = {
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": str(METADATA_VERSIONS),
+}
 
 
 def _current_files(table: Table) -> dict[str, Any]:
@@ -580,3 +599,146 @@ async def check_table(kv: KV, keys: Keys, topic: str, target: IcebergTarget) -> 
         return []
     problems = await asyncio.to_thread(_check_sync, target, topic, wanted)
     return [CheckFinding(topic, wanted.since_ms, problem) for problem in problems]
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceResult:
+    """What ``maintain`` did to one table."""
+
+    table: str
+    snapshots_expired: int
+    snapshots_kept: int
+    files_deleted: int
+    """Metadata files (manifests, manifest lists, metadata versions) no snapshot or metadata
+    version referenced, older than the grace."""
+    bytes_deleted: int
+
+
+def _referenced(table: Table) -> set[str]:
+    """Paths (scheme stripped) of every metadata file the table's metadata reaches."""
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    def path(uri: str) -> str:
+        return PyArrowFileIO.parse_location(uri)[2]
+
+    keep = {path(table.metadata_location)}
+    keep.update(path(entry.metadata_file) for entry in table.metadata.metadata_log)
+    for snapshot in table.metadata.snapshots:
+        keep.add(path(snapshot.manifest_list))
+        keep.update(path(m.manifest_path) for m in snapshot.manifests(table.io))
+    for stats in [*table.metadata.statistics, *table.metadata.partition_statistics]:
+        keep.add(path(stats.statistics_path))
+    return keep
+
+
+def _maintain_sync(
+    target: IcebergTarget,
+    topic: str,
+    *,
+    max_snapshot_age_s: float,
+    min_snapshots: int,
+    orphan_grace_s: float,
+    now_ms: int,
+) -> MaintenanceResult | None:
+    from pyarrow import fs as pafs
+    from pyiceberg.exceptions import NoSuchTableError
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    catalog = target.catalog()
+    ident = identifier(topic)
+    name = ".".join((catalog.name, *ident))
+    try:
+        table = catalog.load_table(ident)
+    except NoSuchTableError:
+        return None
+    if any(table.properties.get(k) != v for k, v in _TIDY.items()):
+        tx = table.transaction()
+        tx.set_properties(_TIDY)
+        table = tx.commit_transaction()
+    # Snapshots: the current one, the newest ``min_snapshots`` and those younger than the
+    # age stay; pyiceberg's expiry removes the others from the metadata and deletes no file
+    # (the data files are the table's Parquet, deleted by ``lifecycle`` alone).
+    current = table.current_snapshot()
+    newest = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms, reverse=True)
+    kept = {s.snapshot_id for s in newest[: max(min_snapshots, 1)]}
+    if current is not None:
+        kept.add(current.snapshot_id)
+    cutoff = now_ms - round(max_snapshot_age_s * 1000)
+    expired = [
+        s.snapshot_id for s in newest if s.snapshot_id not in kept and s.timestamp_ms < cutoff
+    ]
+    if expired:
+        table.maintenance.expire_snapshots().by_ids(expired).commit()
+        table = catalog.load_table(ident)
+    # Orphan metadata: files under the table's metadata directory that nothing reaches.
+    if not isinstance(table.io, PyArrowFileIO):
+        log.warning("iceberg maintenance skips orphan files table=%s io=%s", name, table.io)
+        return MaintenanceResult(name, len(expired), len(newest) - len(expired), 0, 0)
+    scheme, netloc, root = PyArrowFileIO.parse_location(table.location())
+    filesystem = table.io.fs_by_scheme(scheme, netloc)
+    keep = _referenced(table)
+    selector = pafs.FileSelector(
+        f"{root.rstrip('/')}/metadata", allow_not_found=True, recursive=True
+    )
+    grace_ns = (now_ms - round(orphan_grace_s * 1000)) * 1_000_000
+    deleted = deleted_bytes = 0
+    for info in filesystem.get_file_info(selector):
+        if info.type != pafs.FileType.File or info.path in keep:
+            continue
+        if info.mtime_ns is None or info.mtime_ns >= grace_ns:
+            continue  # young: a publisher may be about to commit it
+        try:
+            filesystem.delete_file(info.path)
+        except FileNotFoundError:
+            continue
+        deleted += 1
+        deleted_bytes += info.size or 0
+    log.info(
+        "iceberg table maintained table=%s snapshots_expired=%d files_deleted=%d",
+        name,
+        len(expired),
+        deleted,
+    )
+    return MaintenanceResult(name, len(expired), len(newest) - len(expired), deleted, deleted_bytes)
+
+
+async def maintain(
+    target: IcebergTarget,
+    topic: str,
+    *,
+    max_snapshot_age_s: float = SNAPSHOT_MAX_AGE_S,
+    min_snapshots: int = MIN_SNAPSHOTS,
+    orphan_grace_s: float = ORPHAN_GRACE_S,
+    now_ms: int | None = None,
+) -> MaintenanceResult | None:
+    """Keep ``topic``'s Iceberg table tidy: expire its snapshots older than
+    ``max_snapshot_age_s`` (never the current one nor the newest ``min_snapshots``: time
+    travel to an expired snapshot fails with Iceberg's "snapshot not found"), then delete the
+    metadata files under its ``metadata/`` directory that no remaining snapshot or metadata
+    version references and that are older than ``orphan_grace_s`` (manifests and manifest
+    lists of the expired snapshots, a crashed publisher's uncommitted ones). Data files are
+    never deleted here. None when the table does not exist. Raises
+    :class:`IcebergPublishError` (retriable when the catalog or the store could not be
+    reached)."""
+    if max_snapshot_age_s < 0 or orphan_grace_s < 0 or min_snapshots < 1:
+        raise ConfigError(
+            "iceberg maintenance: max_snapshot_age and orphan_grace must be >= 0 and "
+            f"min_snapshots >= 1 (got {max_snapshot_age_s}, {orphan_grace_s}, {min_snapshots})"
+        )
+    import time
+
+    when = now_ms if now_ms is not None else int(time.time() * 1000)
+    try:
+        return await asyncio.to_thread(
+            _maintain_sync,
+            target,
+            topic,
+            max_snapshot_age_s=max_snapshot_age_s,
+            min_snapshots=min_snapshots,
+            orphan_grace_s=orphan_grace_s,
+            now_ms=when,
+        )
+    except (OSError, ConnectionError) as exc:
+        raise IcebergPublishError(
+            f"maintaining {topic}'s Iceberg table in {target.name} failed: {exc}", retriable=True
+        ) from exc

@@ -9,6 +9,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -23,11 +24,13 @@ from danube_ingest.analytics.iceberg import (
     _publish_sync,
     _wanted,
     check_table,
+    maintain,
     publish,
 )
 from danube_ingest.analytics.lifecycle import collect
 from danube_ingest.analytics.renditions import activate, create_rendition, create_table
 from danube_ingest.config import load_config
+from danube_ingest.errors import ConfigError
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.metadata.clock import TopicClock
 from danube_ingest.objects.store import ObjectStore
@@ -156,6 +159,84 @@ async def test_handover_collection_and_since(
     await store.close()
 
 
+def metadata_files(found: IcebergTarget) -> set[str]:
+    """Every file under the table's metadata directory (paths without the scheme)."""
+    from pyarrow import fs as pafs
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    table = found.catalog().load_table(("default", "orders"))
+    assert isinstance(table.io, PyArrowFileIO)
+    scheme, netloc, root = PyArrowFileIO.parse_location(table.location())
+    selector = pafs.FileSelector(f"{root}/metadata", recursive=True)
+    infos = table.io.fs_by_scheme(scheme, netloc).get_file_info(selector)
+    return {i.path for i in infos if i.type == pafs.FileType.File}
+
+
+async def test_maintenance_expires_snapshots_and_deletes_only_orphan_metadata(
+    etcd_kv: EtcdKV, keys: Keys, placed: tuple[IcebergTarget, ObjectStore]
+) -> None:
+    from danube_ingest.analytics.iceberg import _referenced
+
+    found, store = placed
+    await active_table(etcd_kv, keys, store)
+    await publish(etcd_kv, keys, TOPIC, found)
+    r2 = await create_rendition(etcd_kv, keys, TOPIC, "v2")
+    await run_conversion(etcd_kv, keys, store, r2, converter_version="v2")
+    await activate(etcd_kv, keys, TOPIC, r2)
+    await publish(etcd_kv, keys, TOPIC, found)
+    await advance_since(etcd_kv, keys, TOPIC, T0 + TEN_MIN)
+    await publish(etcd_kv, keys, TOPIC, found)
+    table = found.catalog().load_table(("default", "orders"))
+    old = [s.snapshot_id for s in table.snapshots()]
+    assert len(old) == 3
+    current = table.current_snapshot()
+    assert current is not None and current.snapshot_id == old[-1]
+    # A crashed publisher's manifest: written, never committed.
+    stray = f"{table.location()}/metadata/{uuid.uuid4()}-m0.avro"
+    with table.io.new_output(stray).create() as out:
+        out.write(b"never committed")
+    before = metadata_files(found)
+    wanted = [o for o in range(300) if ingest_ms_of(o) >= T0 + TEN_MIN]
+
+    # Now: every snapshot but the current one is past a zero age; the stray file is young.
+    first = await maintain(found, TOPIC, max_snapshot_age_s=0)
+    assert first is not None
+    assert (first.snapshots_expired, first.snapshots_kept) == (2, 1)
+    table = found.catalog().load_table(("default", "orders"))
+    assert [s.snapshot_id for s in table.snapshots()] == [old[-1]]
+    assert all(table.snapshot_by_id(i) is None for i in old[:-1])  # time travel: gone
+    assert any(path.endswith(stray.rsplit("/", 1)[1]) for path in metadata_files(found))
+    assert offsets(found) == wanted
+
+    # Two hours on: the expired snapshots' manifests and the stray file are past the grace.
+    later = int(time.time() * 1000) + 2 * 3600 * 1000
+    second = await maintain(found, TOPIC, now_ms=later)
+    assert second is not None and second.files_deleted >= 3
+    left = metadata_files(found)
+    table = found.catalog().load_table(("default", "orders"))
+    assert left == _referenced(table)  # nothing unreferenced is left, nothing referenced went
+    assert not any(stray.endswith(p.rsplit("/", 1)[1]) for p in left)
+    # (New metadata versions came with the expiry; manifests and manifest lists only went.)
+    assert {p for p in left if p.endswith(".avro")} < {p for p in before if p.endswith(".avro")}
+    assert offsets(found) == wanted  # data files are never maintenance's to delete
+    assert table.properties["write.metadata.delete-after-commit.enabled"] == "true"
+    assert await check_table(etcd_kv, keys, TOPIC, found) == []
+    # Publishing goes on from the maintained table.
+    await advance_since(etcd_kv, keys, TOPIC, T0 + 2 * TEN_MIN)
+    moved = await publish(etcd_kv, keys, TOPIC, found)
+    assert moved is not None and (moved.added, moved.removed) == (0, 1)
+    await store.close()
+
+
+async def test_maintenance_refuses_bad_settings_and_skips_missing_tables(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
+) -> None:
+    found = target(tmp_path)
+    assert await maintain(found, TOPIC) is None
+    with pytest.raises(ConfigError, match="min_snapshots"):
+        await maintain(found, TOPIC, min_snapshots=0)
+
+
 async def test_an_unreachable_catalog_is_a_clear_retriable_error(
     etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
 ) -> None:
@@ -225,6 +306,7 @@ SPARK_COUNT = """
 import sys
 from danube_ingest.analytics import catalog_session
 from danube_ingest.config import load_config
+from danube_ingest.errors import ConfigError
 
 spark = catalog_session("pg-test", master="local[1]", config={"spark.ui.enabled": "false"},
                         broker_config=load_config(sys.argv[1]))
