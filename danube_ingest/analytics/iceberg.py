@@ -230,6 +230,10 @@ class IcebergTarget:
             ),
             prefix: "org.apache.iceberg.spark.SparkCatalog",
             f"{prefix}.warehouse": self.warehouse,
+            # Every query loads the table's current metadata: Iceberg's catalog cache would
+            # show a session the snapshot it first read for up to 30 s (a query still reads
+            # one snapshot throughout).
+            f"{prefix}.cache-enabled": "false",
         }
         if self.kind == "rest":
             settings[f"{prefix}.type"] = "rest"
