@@ -91,10 +91,13 @@ from danube_ingest.analytics.checks import (
 )
 from danube_ingest.analytics.convert import failure_cause, pending_partitions
 from danube_ingest.analytics.iceberg import (
+    FRESHNESS_SLACK_S,
     MIN_SNAPSHOTS,
+    Freshness,
     IcebergTarget,
     MaintenanceResult,
     check_table,
+    freshness,
     maintain,
 )
 from danube_ingest.analytics.lifecycle import CollectResult, collect
@@ -564,7 +567,60 @@ def iceberg_matches(
     return _check(etcd, objects, tables)
 
 
-parquet_checks = [rows_match_offsets, frontier_contiguous, files_intact, iceberg_matches]
+@asset_check(
+    asset=parquet_partitions,
+    description="Each topic's Iceberg table trails its topic clock by at most its partition "
+    f"width plus {FRESHNESS_SLACK_S:.0f} s (a warning otherwise); the lag of every table is "
+    "in the metadata.",
+)
+def iceberg_fresh(etcd: EtcdResource, objects: ObjectStoreResource) -> AssetCheckResult:
+    """``iceberg.freshness`` of every table: topic clock minus the current snapshot's frontier
+    (passes with no table when the catalog is ``off``)."""
+    target = IcebergTarget.from_config(objects.broker_config())
+
+    async def work(kv: KV, keys: Keys) -> list[Freshness]:
+        if target is None:
+            return []
+        found = [await freshness(kv, keys, t, target) for t in await topics_with_manifest(kv, keys)]
+        return [f for f in found if f is not None]
+
+    tables = _run_etcd(etcd, work)
+    stale = [f for f in tables if f.stale()]
+
+    def seconds(ms: int | None) -> str:
+        return "-" if ms is None else f"{ms / 1000:.0f}"
+
+    def when(ms: int | None) -> str:
+        return "-" if ms is None else datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+
+    rows = [
+        f"| {f.table} | {when(f.frontier_ms)} | {when(f.clock_ms)} | {seconds(f.lag_ms)} | "
+        f"{f.width_s} | {'**stale**' if f.stale() else 'ok'} |"
+        for f in sorted(tables, key=lambda f: (not f.stale(), f.table))
+    ]
+    header = (
+        "| table | snapshot frontier | topic clock | lag s | width s | |\n|---|---|---|---|---|---|"
+    )
+    lags = [f.lag_ms for f in tables if f.lag_ms is not None]
+    return AssetCheckResult(
+        passed=not stale,
+        severity=AssetCheckSeverity.WARN,
+        metadata={
+            "tables": len(tables),
+            "stale": len(stale),
+            "max_lag_s": max(lags, default=0) / 1000,
+            "details": MetadataValue.md("\n".join([header, *rows[:100]]) if rows else "none"),
+        },
+    )
+
+
+parquet_checks = [
+    rows_match_offsets,
+    frontier_contiguous,
+    files_intact,
+    iceberg_matches,
+    iceberg_fresh,
+]
 
 
 @op(

@@ -62,11 +62,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_JARS_DIR",
+    "Freshness",
     "IcebergPublishError",
     "IcebergTarget",
     "MaintenanceResult",
     "PublishResult",
     "check_table",
+    "freshness",
     "identifier",
     "maintain",
     "publish",
@@ -90,6 +92,9 @@ MAX_ATTEMPTS = 8
 SNAPSHOT_MAX_AGE_S = 5 * 24 * 3600.0
 MIN_SNAPSHOTS = 1
 ORPHAN_GRACE_S = 3600.0
+#: How far a table may trail its partition width before ``Freshness.stale``: a partition is
+#: converted once the topic clock passed its end, by the next sensor tick and run (seconds).
+FRESHNESS_SLACK_S = 900.0
 #: Table properties set at creation and by ``maintain``: each commit deletes metadata.json
 #: versions beyond the newest ``METADATA_VERSIONS`` (pyiceberg and Spark both honour them).
 METADATA_VERSIONS = 20
@@ -746,3 +751,74 @@ async def maintain(
         raise IcebergPublishError(
             f"maintaining {topic}'s Iceberg table in {target.name} failed: {exc}", retriable=True
         ) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Freshness:
+    """How far a topic's Iceberg table trails its topic (``freshness``)."""
+
+    topic: str
+    table: str
+    width_s: int
+    clock_ms: int | None
+    """The topic clock: every entry with an ingest time below it is uploaded (None: no clock
+    yet)."""
+    frontier_ms: int | None
+    """What the table's current snapshot holds (entries with an ingest time below it); None
+    when the table has no snapshot. When the snapshot holds exactly what etcd says the table
+    holds, etcd's frontier (a snapshot is not made for idle, empty partitions)."""
+    published_ms: int
+    """etcd's frontier: what conversions have committed (the active rendition's upper)."""
+
+    @property
+    def lag_ms(self) -> int | None:
+        """Clock minus frontier: how much uploaded data no query by name sees yet."""
+        if self.clock_ms is None or self.frontier_ms is None:
+            return None
+        return max(self.clock_ms - self.frontier_ms, 0)
+
+    def stale(self, slack_s: float = FRESHNESS_SLACK_S) -> bool:
+        """Trails by more than a partition and ``slack_s``, or holds nothing while committed
+        partitions exist."""
+        if self.frontier_ms is None:
+            return self.published_ms > 0 and self.clock_ms is not None
+        lag = self.lag_ms
+        return lag is not None and lag > self.width_s * 1000 + slack_s * 1000
+
+
+def _frontier_sync(target: IcebergTarget, topic: str, wanted: _Wanted) -> int | None:
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        table = target.catalog().load_table(identifier(topic))
+    except NoSuchTableError:
+        return None
+    state = _state(table)
+    if state is None or not state[2].isdigit():
+        return None
+    _current, missing, extra = _difference(table, wanted)
+    if not missing and not extra and _same_view(state, wanted):
+        return max(int(state[2]), wanted.frontier_ms)
+    return int(state[2])
+
+
+async def freshness(kv: KV, keys: Keys, topic: str, target: IcebergTarget) -> Freshness | None:
+    """How far ``topic``'s Iceberg table trails the topic clock; None when the topic has no
+    active table. Reads only."""
+    from danube_ingest.metadata.clock import read_clock
+
+    stored = await kv.get(TableKeys(keys, topic).table())
+    wanted = await _wanted(kv, keys, topic, target)
+    if stored is None or wanted is None:
+        return None
+    width_s = TableRecord.decode(stored.value, stored.key).width_s
+    clock = await read_clock(kv, keys, topic)
+    frontier = await asyncio.to_thread(_frontier_sync, target, topic, wanted)
+    return Freshness(
+        topic,
+        ".".join((target.name, *identifier(topic))),
+        width_s,
+        None if clock is None else clock.ingest_ms,
+        frontier,
+        wanted.frontier_ms if wanted.files else 0,
+    )

@@ -19,11 +19,13 @@ import yaml
 from danube_ingest.analytics.commit import advance_since
 from danube_ingest.analytics.errors import AnalyticsError
 from danube_ingest.analytics.iceberg import (
+    FRESHNESS_SLACK_S,
     IcebergPublishError,
     IcebergTarget,
     _publish_sync,
     _wanted,
     check_table,
+    freshness,
     maintain,
     publish,
 )
@@ -225,6 +227,32 @@ async def test_maintenance_expires_snapshots_and_deletes_only_orphan_metadata(
     await advance_since(etcd_kv, keys, TOPIC, T0 + 2 * TEN_MIN)
     moved = await publish(etcd_kv, keys, TOPIC, found)
     assert moved is not None and (moved.added, moved.removed) == (0, 1)
+    await store.close()
+
+
+async def test_freshness_is_the_clock_minus_what_the_table_shows(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
+) -> None:
+    found = target(tmp_path)
+    store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    assert await freshness(etcd_kv, keys, TOPIC, found) is None  # no table yet
+    await active_table(etcd_kv, keys, store)
+    # Committed in etcd, not published: the table shows nothing.
+    before = await freshness(etcd_kv, keys, TOPIC, found)
+    assert before is not None and before.table == "danube.default.orders"
+    assert (before.frontier_ms, before.published_ms) == (None, T0 + 3 * TEN_MIN)
+    assert before.lag_ms is None and before.stale()
+    await publish(etcd_kv, keys, TOPIC, found)
+    fresh = await freshness(etcd_kv, keys, TOPIC, found)
+    assert fresh is not None and fresh.frontier_ms == T0 + 3 * TEN_MIN == fresh.clock_ms
+    assert fresh.lag_ms == 0 and not fresh.stale()
+    # The clock runs on, no conversion: stale once a partition and the slack have passed.
+    allowed = TEN_MIN + round(FRESHNESS_SLACK_S * 1000)
+    for ahead, stale in ((allowed, False), (allowed + 1, True)):
+        clock = TopicClock(offset=300, ingest_ms=T0 + 3 * TEN_MIN + ahead, broker="b1", epoch=1)
+        await etcd_kv.put(keys.topic_clock(TOPIC), clock.encode())
+        later = await freshness(etcd_kv, keys, TOPIC, found)
+        assert later is not None and later.lag_ms == ahead and later.stale() is stale
     await store.close()
 
 

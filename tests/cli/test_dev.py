@@ -116,7 +116,8 @@ def test_ctrl_c_stops_broker_then_dagster_then_etcd(tmp_path: Path) -> None:
             repository["sensors"]
         ), repository["sensors"]
         schedules = {s["name"]: s["scheduleState"]["status"] for s in repository["schedules"]}
-        for job in ("object_gc", "manifest_integrity", "object_retention", "etcd_compaction"):
+        jobs = ("object_gc", "manifest_integrity", "object_retention", "etcd_compaction")
+        for job in (*jobs, "iceberg_maintenance", "parquet_collect"):
             assert schedules.get(f"{job}_schedule") == "RUNNING", schedules
         assets = {tuple(a["assetKey"]["path"]): a for a in repository["assetNodes"]}
         manifest = assets[("object_manifest",)]
@@ -133,6 +134,7 @@ def test_ctrl_c_stops_broker_then_dagster_then_etcd(tmp_path: Path) -> None:
             "frontier_contiguous",
             "files_intact",
             "iceberg_matches",
+            "iceberg_fresh",
             "converted",
         }, parquet
         resources = {

@@ -509,11 +509,18 @@ async def test_asset_checks_pass_then_fail_on_a_damaged_file(
         )
         return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
 
-    names = {"rows_match_offsets", "frontier_contiguous", "files_intact", "iceberg_matches"}
+    names = {
+        "rows_match_offsets",
+        "frontier_contiguous",
+        "files_intact",
+        "iceberg_matches",
+        "iceberg_fresh",
+    }
     # Committed but not yet in the Iceberg table (the helper converts without publishing).
     assert await asyncio.to_thread(run_checks) == {
         **dict.fromkeys(names, True),
         "iceberg_matches": False,
+        "iceberg_fresh": False,  # the table shows nothing of the committed partitions
     }
     target = IcebergTarget.from_config(ObjectStoreResource(data_dir=str(tmp_path)).broker_config())
     assert target is not None
@@ -530,6 +537,7 @@ async def test_asset_checks_pass_then_fail_on_a_damaged_file(
         "frontier_contiguous": True,
         "files_intact": False,
         "iceberg_matches": True,  # (the catalog still names the file as committed)
+        "iceberg_fresh": True,
     }
 
 
@@ -559,6 +567,7 @@ def test_the_location_lists_the_parquet_asset_sensor_and_checks() -> None:
         "frontier_contiguous",
         "files_intact",
         "iceberg_matches",
+        "iceberg_fresh",
         "converted",
     }
     # The graph: the object manifest -> the Parquet tables -> their checks.
