@@ -162,6 +162,18 @@ def register(commands: Any) -> None:
         help="the rendition to activate; refused while it is behind the table's upper",
     )
     cmd.set_defaults(handler=_activate)
+    text = (
+        "make the topics' Iceberg tables hold exactly their active renditions' committed files "
+        "(registers existing tables in the catalog in place: no file is copied or rewritten)"
+    )
+    cmd = sub.add_parser(
+        "publish", help=text, description=text, formatter_class=DefaultsHelpFormatter
+    )
+    _common(cmd)
+    cmd.add_argument(
+        "--topic", default=argparse.SUPPRESS, help="only this topic's table (default: every table)"
+    )
+    cmd.set_defaults(handler=_publish)
     text = "delete dead runs' staging and the draining renditions no reader holds"
     cmd = sub.add_parser(
         "collect", help=text, description=text, formatter_class=DefaultsHelpFormatter
@@ -497,13 +509,50 @@ async def _activate_async(args: argparse.Namespace) -> int:
     except IcebergPublishError as exc:
         print(
             f"danube-ingest: activated, but the Iceberg table still shows the previous "
-            f"rendition: {exc}; run the command again to publish it",
+            f"rendition: {exc}; publish it with: danube-ingest tables publish --topic "
+            f"{args.topic}",
             file=sys.stderr,
         )
         return 1
     finally:
         await kv.close()
     return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    return asyncio.run(_publish_async(args))
+
+
+async def _publish_async(args: argparse.Namespace) -> int:
+    config, endpoints, keys = _config(args)
+    iceberg = IcebergTarget.from_config(config)
+    if iceberg is None:
+        print(
+            "danube-ingest: no Iceberg catalog (iceberg.catalog is off, or the object store is "
+            "memory): nothing to publish",
+            file=sys.stderr,
+        )
+        return 2
+    kv = await _connect(config, endpoints)
+    failed = 0
+    try:
+        topic = getattr(args, "topic", None)
+        topics = [topic] if topic else [r.name for r in await Records(kv, keys).list_topics()]
+        for name in sorted(topics):
+            try:
+                published = await publish(kv, keys, name, iceberg)
+            except IcebergPublishError as exc:
+                print(f"danube-ingest: {name}: {exc}", file=sys.stderr)
+                failed += 1
+                continue
+            if published is None:
+                if topic:
+                    print(f"topic {name}: no active table (run: danube-ingest tables convert)")
+                continue
+            print(f"iceberg table {published.table}: {_snapshot_text(published)}")
+    finally:
+        await kv.close()
+    return 1 if failed else 0
 
 
 def _collect(args: argparse.Namespace) -> int:

@@ -367,3 +367,50 @@ def test_documented_reads_see_every_topic_after_a_rendition_switch(
                 assert sorted(r["offset"] for r in df.select("offset").collect()) == every
     finally:
         spark.stop()
+
+
+def test_tables_publish_registers_an_existing_table_in_place(
+    etcd_server: str, keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Migration: a table converted before Iceberg (no catalog then) is registered by
+    ``tables publish``: its Parquet files where they are, nothing copied; again: unchanged."""
+    from danube_ingest.analytics.convert import convert
+    from danube_ingest.analytics.iceberg import IcebergTarget, identifier
+    from danube_ingest.config import load_config
+    from danube_ingest.objects.store import ObjectStore
+    from tests.pipelines.parquet_support import ROOT as WAREHOUSE
+    from tests.pipelines.parquet_support import TOPIC, publish_topic
+
+    objects_dir = tmp_path / "objects"
+
+    async def setup() -> None:
+        kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+        store = ObjectStore("fs", options={"root": str(objects_dir)})
+        try:
+            await publish_topic(kv, keys, hours=2, extra_ms=1, objects=store)
+            await convert(kv=kv, keys=keys, objects=store, warehouse=store, topic=TOPIC)
+        finally:
+            await store.close()
+            await kv.close()
+
+    asyncio.run(setup())
+    files = sorted(p.resolve() for p in (objects_dir / WAREHOUSE / "r1").rglob("*.parquet"))
+    before = {p: p.read_bytes() for p in files}
+    common = ["--etcd", etcd_server, "--prefix", keys.prefix, "--data-dir", str(tmp_path)]
+    target = IcebergTarget.from_config(load_config(None, {"broker.data_dir": str(tmp_path)}))
+    assert target is not None and not (tmp_path / "iceberg" / "catalog.db").exists()
+
+    code = main(["tables", "publish", "--topic", TOPIC, *common])
+    out, _ = capsys.readouterr()
+    name = "danube." + ".".join(identifier(TOPIC))
+    assert code == 0 and out.startswith(f"iceberg table {name}: snapshot ")
+    assert f"(+{len(files)} -0 files)" in out
+    table = target.catalog().load_table(identifier(TOPIC))
+    registered = sorted(
+        Path(t.file.file_path.removeprefix("file://")) for t in table.scan().plan_files()
+    )
+    assert registered == files and {p: p.read_bytes() for p in files} == before
+    assert main(["tables", "publish", *common]) == 0  # every table: nothing new
+    assert capsys.readouterr().out == f"iceberg table {name}: unchanged\n"
+    assert main(["tables", "publish", "--topic", "/default/none", *common]) == 0
+    assert "no active table" in capsys.readouterr().out
