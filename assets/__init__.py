@@ -9,6 +9,8 @@
 * :mod:`assets.retention` - jobs ``object_retention`` (objects and tables) and
   ``etcd_compaction``.
 * :mod:`assets.rotation` - job ``rotate_topics`` and its ``rotation_sensor``.
+* :mod:`assets.tails` - ``iceberg_tail_sensor``: each table's tail, appended to its Iceberg
+  table every few seconds (no run).
 * :mod:`assets.topics` - ``topics``: the observable source asset every other asset starts
   from (per-topic offsets, clocks, subscription lag and prune marks, read from etcd).
 * :mod:`assets.wal_marks` - ``wal_prune_marks``: per-topic WAL prune marks in etcd, job
@@ -34,12 +36,14 @@ from assets.parquet import (
 )
 from assets.retention import etcd_compaction, object_retention
 from assets.rotation import rotate_topics, rotation_sensor
+from assets.tails import iceberg_tail_sensor
 from assets.topics import topics
 from assets.wal_marks import prune_marks_job, prune_marks_sensor, wal_prune_marks
 
 __all__ = [
     "etcd_compaction",
     "iceberg_maintenance",
+    "iceberg_tail_sensor",
     "manifest_integrity_checks",
     "manifest_integrity_job",
     "object_gc",

@@ -14,6 +14,7 @@ from dagster import (
 from assets import (
     etcd_compaction,
     iceberg_maintenance,
+    iceberg_tail_sensor,
     manifest_integrity_checks,
     manifest_integrity_job,
     object_gc,
@@ -117,7 +118,8 @@ defs = Definitions(
     # prune_marks_sensor: a prune_marks run only when a mark would move (a mark lets the
     # brokers' cleaners free WAL about a minute after the data was uploaded and consumed; the
     # cleaner falls back to the cursors itself while no mark exists).
-    sensors=[prune_marks_sensor, parquet_topics_sensor, rotation_sensor],
+    # iceberg_tail_sensor: the tables' tails, in the sensor itself (no run).
+    sensors=[prune_marks_sensor, parquet_topics_sensor, rotation_sensor, iceberg_tail_sensor],
     resources={
         "etcd": EtcdResource.from_env(),
         "objects": ObjectStoreResource.from_env(),

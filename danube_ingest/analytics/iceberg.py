@@ -51,6 +51,7 @@ from danube_ingest.analytics.columns import table_schema
 from danube_ingest.analytics.errors import AnalyticsError
 from danube_ingest.analytics.records import PartitionCommit, TableKeys, TableRecord
 from danube_ingest.analytics.renditions import read_rendition
+from danube_ingest.analytics.tail import read_tail, wanted_pieces
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.errors import ConfigError
 from danube_ingest.metadata.keys import Keys, split_topic
@@ -92,6 +93,8 @@ MAX_ATTEMPTS = 8
 SNAPSHOT_MAX_AGE_S = 5 * 24 * 3600.0
 MIN_SNAPSHOTS = 1
 ORPHAN_GRACE_S = 3600.0
+#: ``danube.tokens`` of a snapshot adding tail pieces (``tail.py``) rather than committed runs.
+TAIL_TOKEN = "tail"
 #: How far a table may trail its partition width before ``Freshness.stale``: a partition is
 #: converted once the topic clock passed its end, by the next sensor tick and run (seconds).
 FRESHNESS_SLACK_S = 900.0
@@ -306,6 +309,26 @@ async def _wanted(kv: KV, keys: Keys, topic: str, target: IcebergTarget) -> _Wan
         if since <= commit.start_ms < frontier:
             for f in commit.files:
                 files[target.uri_of(f.path)] = commit
+    # The tail (tail.py): the entries past the partitions, up to its end.
+    tail, _revision = await read_tail(kv, keys, topic)
+    for piece in wanted_pieces(tail, table.active, frontier):
+        rows = sum(f.rows for f in piece.files)
+        as_commit = PartitionCommit(
+            piece.start_ms,
+            piece.end_ms,
+            piece.files,
+            rows,
+            piece.files[0].first_offset if piece.files else -1,
+            piece.files[-1].last_offset if piece.files else -1,
+            0 if tail is None else tail.input_revision,
+            record.converter_version,
+            TAIL_TOKEN,
+            0,
+            True,
+        )
+        for f in piece.files:
+            files[target.uri_of(f.path)] = as_commit
+        frontier = piece.end_ms
     decoder = await rendition_decoder(kv, keys, topic, record)
     # Top-level columns are optional in the catalog: a file may then lack a column a later
     # schema added (read as null), and the Parquet's required columns still match.

@@ -981,6 +981,18 @@ class IcebergConfig(_Section):
             "`credential`."
         ),
     )
+    tail_step_seconds: int = Field(
+        default=10,
+        ge=0,
+        le=3600,
+        description=(
+            "The tail's step: the Dagster sensor `iceberg_tail_sensor` (and `danube-ingest "
+            "tables follow`) appends the entries past the committed partitions up to the last "
+            "multiple of this the topic clock has passed, so a table trails its topic by about "
+            "this plus the clock's own lag (docs/iceberg.md#freshness); 0: no tail (tables show "
+            "complete partitions only)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_uri(self) -> IcebergConfig:

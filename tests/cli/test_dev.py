@@ -115,6 +115,10 @@ def test_ctrl_c_stops_broker_then_dagster_then_etcd(tmp_path: Path) -> None:
         assert {"name": "rotation_sensor", "sensorState": {"status": "RUNNING"}} in (
             repository["sensors"]
         ), repository["sensors"]
+        # Fresh Iceberg tables: the tails' sensor, on by default.
+        assert {"name": "iceberg_tail_sensor", "sensorState": {"status": "RUNNING"}} in (
+            repository["sensors"]
+        ), repository["sensors"]
         schedules = {s["name"]: s["scheduleState"]["status"] for s in repository["schedules"]}
         jobs = ("object_gc", "manifest_integrity", "object_retention", "etcd_compaction")
         for job in (*jobs, "iceberg_maintenance", "parquet_collect"):

@@ -1,0 +1,182 @@
+"""The tail (``analytics/tail.py``): entries past the committed partitions become visible by
+name as the clock passes each step, the Iceberg table then holds exactly the entries below the
+tail's end, and the partition's commit replaces the tail's pieces in one snapshot. Real etcd,
+real ``.bin`` objects, an fs warehouse, the SQLite catalog."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from danube_ingest.analytics.convert import convert
+from danube_ingest.analytics.iceberg import (
+    TAIL_TOKEN,
+    IcebergTarget,
+    check_table,
+    freshness,
+    identifier,
+    publish,
+)
+from danube_ingest.analytics.tail import TailError, extend_tail, read_tail
+from danube_ingest.config import load_config
+from danube_ingest.metadata import EtcdKV, Keys
+from danube_ingest.metadata.clock import TopicClock
+from danube_ingest.objects.store import ObjectStore
+from tests.pipelines.parquet_support import H0, HOUR, MINUTE, ROOT, TOPIC, ingest_ms, publish_topic
+
+pytestmark = [pytest.mark.etcd]
+
+
+def _target(tmp_path: Path) -> IcebergTarget:
+    config = load_config(
+        None,
+        {"broker.data_dir": str(tmp_path), "storage.cloud.root": str(tmp_path / "objects")},
+    )
+    found = IcebergTarget.from_config(config)
+    assert found is not None
+    return found
+
+
+async def _clock(kv: EtcdKV, keys: Keys, at_ms: int) -> None:
+    clock = TopicClock(offset=1200, ingest_ms=at_ms, broker="b1", epoch=1)
+    await kv.put(keys.topic_clock(TOPIC), clock.encode())
+
+
+def _offsets(target: IcebergTarget) -> list[int]:
+    table = target.catalog().load_table(identifier(TOPIC))
+    return sorted(table.scan().to_arrow().column("offset").to_pylist())
+
+
+def _below(frontier_ms: int) -> list[int]:
+    return [o for o in range(1200) if ingest_ms(o) < frontier_ms]
+
+
+async def test_the_tail_shows_entries_before_their_partition_completes(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
+) -> None:
+    store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    target = _target(tmp_path)
+    await publish_topic(etcd_kv, keys, hours=2, objects=store)
+    # The first hour is committed; the clock is 25 min 3 s into the second.
+    await _clock(etcd_kv, keys, H0 + HOUR + 25 * MINUTE + 3_000)
+    done = await convert(
+        kv=etcd_kv, keys=keys, objects=store, warehouse=store, topic=TOPIC, iceberg=target
+    )
+    assert done.upper_ms == H0 + HOUR and _offsets(target) == _below(H0 + HOUR)
+
+    step = await extend_tail(etcd_kv, keys, TOPIC, store, store, root=ROOT)
+    assert step is not None and step.recorded
+    assert (step.frontier_ms, step.added, step.rows) == (H0 + HOUR + 25 * MINUTE, 1, 250)
+    published = await publish(etcd_kv, keys, TOPIC, target)
+    assert published is not None and (published.added, published.removed) == (1, 0)
+    assert _offsets(target) == _below(H0 + HOUR + 25 * MINUTE)
+    table = target.catalog().load_table(identifier(TOPIC))
+    summary = table.current_snapshot().summary
+    assert summary["danube.frontier-ms"] == str(H0 + HOUR + 25 * MINUTE)
+    assert summary["danube.tokens"] == TAIL_TOKEN
+    assert await check_table(etcd_kv, keys, TOPIC, target) == []
+    fresh = await freshness(etcd_kv, keys, TOPIC, target)
+    assert fresh is not None and fresh.lag_ms == 3_000 and not fresh.stale()
+    # The same clock again: nothing new; the pieces are not the rendition's files.
+    again = await extend_tail(etcd_kv, keys, TOPIC, store, store, root=ROOT)
+    assert again is not None and (again.added, again.dropped) == (0, 0)
+    tail, _ = await read_tail(etcd_kv, keys, TOPIC)
+    assert tail is not None and all(
+        f.path.startswith(f"{ROOT}_tails/") for p in tail.pieces for f in p.files
+    )
+
+    # 15 more minutes, at a 60 s step: a second piece.
+    await _clock(etcd_kv, keys, H0 + HOUR + 40 * MINUTE + 59_000)
+    step = await extend_tail(etcd_kv, keys, TOPIC, store, store, root=ROOT, step_s=60)
+    assert step is not None and (step.frontier_ms, step.added, step.rows) == (
+        H0 + HOUR + 40 * MINUTE,
+        1,
+        150,
+    )
+    await publish(etcd_kv, keys, TOPIC, target)
+    assert _offsets(target) == _below(H0 + HOUR + 40 * MINUTE)
+
+    # The hour completes and is converted: its file replaces the two pieces in one snapshot.
+    await _clock(etcd_kv, keys, H0 + 2 * HOUR)
+    done = await convert(
+        kv=etcd_kv, keys=keys, objects=store, warehouse=store, topic=TOPIC, iceberg=target
+    )
+    assert done.published is not None
+    assert (done.published.added, done.published.removed) == (1, 2)
+    assert _offsets(target) == list(range(1200))
+    assert await check_table(etcd_kv, keys, TOPIC, target) == []
+    step = await extend_tail(etcd_kv, keys, TOPIC, store, store, root=ROOT)
+    assert step is not None and (step.added, step.dropped, step.frontier_ms) == (
+        0,
+        2,
+        H0 + 2 * HOUR,
+    )
+    tail, _ = await read_tail(etcd_kv, keys, TOPIC)
+    assert tail is not None and tail.pieces == []
+    unchanged = await publish(etcd_kv, keys, TOPIC, target)
+    assert unchanged is not None and unchanged.snapshot_id is None
+    with pytest.raises(TailError, match="at least 1 s"):
+        await extend_tail(etcd_kv, keys, TOPIC, store, store, root=ROOT, step_s=0.5)
+    await store.close()
+
+
+async def test_a_missing_object_is_a_tail_error_and_records_nothing(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
+) -> None:
+    store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    target = _target(tmp_path)
+    await publish_topic(etcd_kv, keys, hours=2, objects=store)
+    await _clock(etcd_kv, keys, H0 + HOUR + 10 * MINUTE)
+    await convert(
+        kv=etcd_kv, keys=keys, objects=store, warehouse=store, topic=TOPIC, iceberg=target
+    )
+    key = f"topics/default/orders/{600:020d}.bin"
+    await store.delete(key)
+    with pytest.raises(TailError, match=key):
+        await extend_tail(etcd_kv, keys, TOPIC, store, store, root=ROOT)
+    tail, revision = await read_tail(etcd_kv, keys, TOPIC)
+    assert (tail, revision) == (None, 0)
+    await store.close()
+
+
+@pytest.mark.dagster
+async def test_the_dagster_sensor_extends_and_publishes_the_tail(
+    etcd_kv: EtcdKV, etcd_server: str, keys: Keys, tmp_path: Path
+) -> None:
+    """``iceberg_tail_sensor`` evaluated by Dagster: the tail of the open hour appears in the
+    Iceberg table; a tick with nothing new changes nothing; ``tail_step_seconds: 0`` skips."""
+    import asyncio
+
+    import yaml
+    from dagster import SkipReason, build_sensor_context, instance_for_test
+
+    from assets.tails import iceberg_tail_sensor
+    from pipelines.resources import EtcdResource, ObjectStoreResource
+
+    store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    target = _target(tmp_path)
+    await publish_topic(etcd_kv, keys, hours=2, objects=store)
+    await _clock(etcd_kv, keys, H0 + HOUR + 30 * MINUTE + 9_000)
+    await convert(
+        kv=etcd_kv, keys=keys, objects=store, warehouse=store, topic=TOPIC, iceberg=target
+    )
+    etcd = EtcdResource(endpoints=etcd_server, prefix=keys.prefix)
+
+    def tick(config_path: str = "") -> str:
+        objects = ObjectStoreResource(data_dir=str(tmp_path), config_path=config_path)
+        with instance_for_test() as instance:
+            context = build_sensor_context(
+                instance=instance, resources={"etcd": etcd, "objects": objects}
+            )
+            result = iceberg_tail_sensor(context)
+        assert isinstance(result, SkipReason)
+        return result.skip_message or ""
+
+    assert (await asyncio.to_thread(tick)).startswith("1 of 1 tables extended, 0 failed")
+    assert _offsets(target) == _below(H0 + HOUR + 30 * MINUTE)
+    assert (await asyncio.to_thread(tick)).startswith("0 of 1 tables extended")
+    off = tmp_path / "off.yaml"
+    off.write_text(yaml.safe_dump({"iceberg": {"tail_step_seconds": 0}}))
+    assert "tail_step_seconds is 0" in await asyncio.to_thread(tick, str(off))
+    await store.close()
