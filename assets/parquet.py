@@ -692,6 +692,7 @@ def maintain_iceberg(
                 max_snapshot_age_s=max_age,
                 min_snapshots=config["min_snapshots"],
                 orphan_grace_s=grace,
+                tails=(kv, keys, objects.warehouse_root),
             )
             if result is not None:
                 done.append(result)

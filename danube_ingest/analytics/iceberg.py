@@ -49,9 +49,10 @@ import pyarrow as pa
 from danube_ingest.analytics.checks import CheckFinding
 from danube_ingest.analytics.columns import table_schema
 from danube_ingest.analytics.errors import AnalyticsError
+from danube_ingest.analytics.layout import topic_subdir
 from danube_ingest.analytics.records import PartitionCommit, TableKeys, TableRecord
 from danube_ingest.analytics.renditions import read_rendition
-from danube_ingest.analytics.tail import read_tail, wanted_pieces
+from danube_ingest.analytics.tail import read_tail, tail_prefix, wanted_pieces
 from danube_ingest.config.models import BrokerConfig
 from danube_ingest.errors import ConfigError
 from danube_ingest.metadata.keys import Keys, split_topic
@@ -663,6 +664,22 @@ def _referenced(table: Table) -> set[str]:
     return keep
 
 
+def _referenced_data(table: Table) -> set[str]:
+    """Paths (scheme stripped) of the data files some remaining snapshot holds."""
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    seen: set[str] = set()
+    found: set[str] = set()
+    for snapshot in table.metadata.snapshots:
+        for manifest in snapshot.manifests(table.io):
+            if manifest.manifest_path in seen:
+                continue
+            seen.add(manifest.manifest_path)
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                found.add(PyArrowFileIO.parse_location(entry.data_file.file_path)[2])
+    return found
+
+
 def _maintain_sync(
     target: IcebergTarget,
     topic: str,
@@ -671,6 +688,7 @@ def _maintain_sync(
     min_snapshots: int,
     orphan_grace_s: float,
     now_ms: int,
+    tails: tuple[str, str, set[str]] | None = None,
 ) -> MaintenanceResult | None:
     from pyarrow import fs as pafs
     from pyiceberg.exceptions import NoSuchTableError
@@ -725,6 +743,25 @@ def _maintain_sync(
             continue
         deleted += 1
         deleted_bytes += info.size or 0
+    if tails is not None:
+        # Tail pieces (tail.py) no remaining snapshot holds and the tail record no longer
+        # lists: replaced by their partition's file, readable by no snapshot any more.
+        prefix, marker, listed = tails
+        t_scheme, t_netloc, t_root = PyArrowFileIO.parse_location(prefix)
+        tail_fs = table.io.fs_by_scheme(t_scheme, t_netloc)
+        held = _referenced_data(table) | {PyArrowFileIO.parse_location(u)[2] for u in listed}
+        selector = pafs.FileSelector(t_root.rstrip("/"), allow_not_found=True, recursive=True)
+        for info in tail_fs.get_file_info(selector):
+            if info.type != pafs.FileType.File or marker not in info.path:
+                continue
+            if info.path in held or info.mtime_ns is None or info.mtime_ns >= grace_ns:
+                continue
+            try:
+                tail_fs.delete_file(info.path)
+            except FileNotFoundError:
+                continue
+            deleted += 1
+            deleted_bytes += info.size or 0
     log.info(
         "iceberg table maintained table=%s snapshots_expired=%d files_deleted=%d",
         name,
@@ -742,14 +779,17 @@ async def maintain(
     min_snapshots: int = MIN_SNAPSHOTS,
     orphan_grace_s: float = ORPHAN_GRACE_S,
     now_ms: int | None = None,
+    tails: tuple[KV, Keys, str] | None = None,
 ) -> MaintenanceResult | None:
     """Keep ``topic``'s Iceberg table tidy: expire its snapshots older than
     ``max_snapshot_age_s`` (never the current one nor the newest ``min_snapshots``: time
     travel to an expired snapshot fails with Iceberg's "snapshot not found"), then delete the
     metadata files under its ``metadata/`` directory that no remaining snapshot or metadata
     version references and that are older than ``orphan_grace_s`` (manifests and manifest
-    lists of the expired snapshots, a crashed publisher's uncommitted ones). Data files are
-    never deleted here. None when the table does not exist. Raises
+    lists of the expired snapshots, a crashed publisher's uncommitted ones). With ``tails``
+    (etcd and the warehouse root), also the topic's tail pieces (``tail.py``) that neither a
+    remaining snapshot nor the tail record holds, older than the grace. No other data file is
+    ever deleted here. None when the table does not exist. Raises
     :class:`IcebergPublishError` (retriable when the catalog or the store could not be
     reached)."""
     if max_snapshot_age_s < 0 or orphan_grace_s < 0 or min_snapshots < 1:
@@ -760,6 +800,12 @@ async def maintain(
     import time
 
     when = now_ms if now_ms is not None else int(time.time() * 1000)
+    swept: tuple[str, str, set[str]] | None = None
+    if tails is not None:
+        kv, keys, root = tails
+        tail, _revision = await read_tail(kv, keys, topic)
+        listed = {target.uri_of(f.path) for p in (tail.pieces if tail else []) for f in p.files}
+        swept = (target.uri_of(tail_prefix(root)), f"/{topic_subdir(topic)}", listed)
     try:
         return await asyncio.to_thread(
             _maintain_sync,
@@ -769,6 +815,7 @@ async def maintain(
             min_snapshots=min_snapshots,
             orphan_grace_s=orphan_grace_s,
             now_ms=when,
+            tails=swept,
         )
     except (OSError, ConnectionError) as exc:
         raise IcebergPublishError(

@@ -140,8 +140,13 @@ def _unescape(value: str) -> str:
 
 def _topic_dir(rendition: str, topic: str) -> str:
     parse_rendition(rendition)
+    return f"{rendition}/{topic_subdir(topic)}"
+
+
+def topic_subdir(topic: str) -> str:
+    """``namespace=.../topic=.../``: the topic's part of every path of its files."""
     ns, name = split_topic(topic)
-    return f"{rendition}/namespace={_escape(ns)}/topic={_escape(name)}/"
+    return f"namespace={_escape(ns)}/topic={_escape(name)}/"
 
 
 def topic_prefix(root: str, rendition: str, topic: str) -> str:

@@ -5,6 +5,7 @@ real ``.bin`` objects, an fs warehouse, the SQLite catalog."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from danube_ingest.analytics.iceberg import (
     check_table,
     freshness,
     identifier,
+    maintain,
     publish,
 )
 from danube_ingest.analytics.tail import TailError, extend_tail, read_tail
@@ -116,6 +118,20 @@ async def test_the_tail_shows_entries_before_their_partition_completes(
     assert tail is not None and tail.pieces == []
     unchanged = await publish(etcd_kv, keys, TOPIC, target)
     assert unchanged is not None and unchanged.snapshot_id is None
+
+    # Maintenance: the replaced pieces stay while a snapshot holds them (time travel), and go
+    # with the last such snapshot; no other file goes.
+    pieces = sorted((tmp_path / "objects" / ROOT / "_tails").rglob("*.parquet"))
+    others = sorted(p for p in (tmp_path / "objects" / ROOT).rglob("*.parquet") if p not in pieces)
+    assert len(pieces) == 2 and others
+    later = int(time.time() * 1000) + 2 * 3600 * 1000
+    tails = (etcd_kv, keys, ROOT)
+    kept = await maintain(target, TOPIC, now_ms=later, tails=tails)
+    assert kept is not None and kept.snapshots_expired == 0 and all(p.exists() for p in pieces)
+    swept = await maintain(target, TOPIC, now_ms=later, tails=tails, max_snapshot_age_s=0)
+    assert swept is not None and swept.snapshots_expired > 0
+    assert not any(p.exists() for p in pieces) and all(p.exists() for p in others)
+    assert _offsets(target) == list(range(1200))
     with pytest.raises(TailError, match="at least 1 s"):
         await extend_tail(etcd_kv, keys, TOPIC, store, store, root=ROOT, step_s=0.5)
     await store.close()
