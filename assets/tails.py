@@ -3,7 +3,8 @@
 Every ``SENSOR_INTERVAL_S`` the sensor runs :func:`danube_ingest.analytics.tail.extend_tail` on
 every topic's table (the entries past its committed partitions, up to the last multiple of
 ``iceberg.tail_step_seconds`` the topic clock has passed) and publishes the tables it changed to
-the Iceberg catalog, in the sensor's own process: a tail step reads seconds of data, less work
+the Iceberg catalog (a topic without a table gets one, as its first conversion run would
+make it), in the sensor's own process: a tail step reads seconds of data, less work
 than launching a run. It requests no run; what it did is its tick's skip message and log. The
 complete partitions stay ``parquet_partitions``' (``parquet_topics_sensor``); their commits
 replace the tail's pieces in the tables.
@@ -48,7 +49,14 @@ def iceberg_tail_sensor(
             for topic in await topics_with_manifest(kv, keys):
                 try:
                     step = await extend_tail(
-                        kv, keys, topic, store, store, root=objects.warehouse_root, step_s=step_s
+                        kv,
+                        keys,
+                        topic,
+                        store,
+                        store,
+                        root=objects.warehouse_root,
+                        step_s=step_s,
+                        create=True,
                     )
                     if step is not None and step.recorded and (step.added or step.dropped):
                         await publish(kv, keys, topic, target)

@@ -85,6 +85,7 @@ __all__ = [
     "StoreSpec",
     "convert",
     "current_conversion",
+    "ensure_table",
     "failure_cause",
     "first_since",
     "not_complete_error",
@@ -340,6 +341,13 @@ async def _ensure_rendition(
     activated = await activate(kv, keys, topic, FIRST_RENDITION)
     assert activated.active is not None
     return activated.active
+
+
+async def ensure_table(kv: KV, keys: Keys, topic: str, *, width_s: int = DEFAULT_WIDTH_S) -> str:
+    """The active rendition of ``topic``'s table, creating the table (``width_s`` wide, from
+    the partition of the topic's first ingest time) and ``r1`` when absent, as a first
+    conversion run does; converts nothing."""
+    return await _ensure_rendition(kv, keys, topic, width_s, await read_plan_input(kv, keys, topic))
 
 
 async def _committed(kv: KV, keys: Keys, topic: str, rendition: str) -> dict[int, PartitionCommit]:

@@ -180,11 +180,13 @@ async def extend_tail(
     *,
     root: str,
     step_s: float = DEFAULT_STEP_S,
+    create: bool = False,
 ) -> TailStep | None:
     """Write the entries past the tail's end up to the last multiple of ``step_s`` the topic
     clock has passed, and record them (module docstring). None when the topic has no active
-    table. Raises :class:`TailError`."""
-    from danube_ingest.analytics.convert import rendition_decoder
+    table (``create``: the table is created first, as a first conversion run would). Raises
+    :class:`TailError`."""
+    from danube_ingest.analytics.convert import ensure_table, rendition_decoder
 
     if step_s < 1:
         raise TailError(f"the tail step must be at least 1 s, not {step_s}")
@@ -192,6 +194,10 @@ async def extend_tail(
     key = tail_key(keys, topic)
     read = await kv.txn([], [Get(tables.table()), Get(key)])
     table_kv, tail_kv = read.kv(0), read.kv(1)
+    if create and (table_kv is None or TableRecord.decode(table_kv.value, "").active is None):
+        await ensure_table(kv, keys, topic)
+        read = await kv.txn([], [Get(tables.table()), Get(key)])
+        table_kv, tail_kv = read.kv(0), read.kv(1)
     if table_kv is None:
         return None
     table = TableRecord.decode(table_kv.value, table_kv.key)

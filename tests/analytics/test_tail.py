@@ -196,3 +196,22 @@ async def test_the_dagster_sensor_extends_and_publishes_the_tail(
     off.write_text(yaml.safe_dump({"iceberg": {"tail_step_seconds": 0}}))
     assert "tail_step_seconds is 0" in await asyncio.to_thread(tick, str(off))
     await store.close()
+
+
+async def test_create_makes_the_table_a_first_run_would(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
+) -> None:
+    store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    target = _target(tmp_path)
+    await publish_topic(etcd_kv, keys, hours=1, objects=store)
+    await _clock(etcd_kv, keys, H0 + 20 * MINUTE)
+    assert await extend_tail(etcd_kv, keys, TOPIC, store, store, root=ROOT) is None
+    step = await extend_tail(etcd_kv, keys, TOPIC, store, store, root=ROOT, create=True)
+    assert step is not None and (step.rendition, step.frontier_ms, step.rows) == (
+        "r1",
+        H0 + 20 * MINUTE,
+        200,
+    )
+    await publish(etcd_kv, keys, TOPIC, target)
+    assert _offsets(target) == _below(H0 + 20 * MINUTE)
+    await store.close()
