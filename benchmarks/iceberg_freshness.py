@@ -95,8 +95,8 @@ async def produce(url: str, rate: int, seconds: float) -> int:
 async def follow(config: Any, stop: asyncio.Event, counts: dict[str, int]) -> None:
     """The two sensors' work, in this process (see the module docstring)."""
     from danube_ingest.analytics.convert import convert, pending_partitions
-    from danube_ingest.analytics.iceberg import IcebergTarget, publish
-    from danube_ingest.analytics.tail import extend_tail
+    from danube_ingest.analytics.follow import tail_round
+    from danube_ingest.analytics.iceberg import IcebergTarget
     from danube_ingest.metadata import EtcdKV, Keys
     from danube_ingest.objects.store import ObjectStore
 
@@ -117,16 +117,13 @@ async def follow(config: Any, stop: asyncio.Event, counts: dict[str, int]) -> No
                         iceberg=target,
                     )  # fmt: skip
                     counts["conversions"] += 1
-            try:
-                step = await extend_tail(
-                    kv, keys, TOPIC, store, store, root="warehouse/",
-                    step_s=config.iceberg.tail_step_seconds, create=True,
-                )  # fmt: skip
-                if step is not None and (step.added or step.dropped):
-                    await publish(kv, keys, TOPIC, target)
-                    counts["tail_steps"] += 1
-            except Exception as exc:  # (reported; the next step tries again, as the sensor)
-                say(f"tail step failed: {exc!r}")
+            done = await tail_round(
+                kv, keys, store, target, root="warehouse/",
+                step_s=config.iceberg.tail_step_seconds, topics=[TOPIC],
+            )  # fmt: skip
+            counts["tail_steps"] += len(done.moved)
+            for problem in done.problems:  # (the next round tries again, as the sensor)
+                say(f"tail step failed: {problem}")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(
                     stop.wait(), max(0.0, TAIL_EVERY_S - (time.monotonic() - began))

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from danube_ingest.analytics.convert import PartitionResult, StoreSpec, convert
 from danube_ingest.analytics.errors import AnalyticsError, RenditionError
+from danube_ingest.analytics.follow import tail_round
 from danube_ingest.analytics.iceberg import (
     IcebergPublishError,
     IcebergTarget,
@@ -174,6 +175,22 @@ def register(commands: Any) -> None:
         "--topic", default=argparse.SUPPRESS, help="only this topic's table (default: every table)"
     )
     cmd.set_defaults(handler=_publish)
+    text = (
+        "keep the topics' Iceberg tables fresh: every --interval-s, append each table's tail "
+        "(its entries past the complete partitions, up to the clock rounded down to "
+        "iceberg.tail_step_seconds) and publish it; what the Dagster sensor iceberg_tail_sensor "
+        "does, for deployments without Dagster"
+    )
+    cmd = sub.add_parser(
+        "follow", help=text, description=text, formatter_class=DefaultsHelpFormatter
+    )
+    _common(cmd)
+    cmd.add_argument(
+        "--topic", default=argparse.SUPPRESS, help="only this topic's table (default: every table)"
+    )
+    cmd.add_argument("--interval-s", type=float, default=10.0, help="seconds between two rounds")
+    cmd.add_argument("--once", action="store_true", help="one round, then exit")
+    cmd.set_defaults(handler=_follow)
     text = "delete dead runs' staging and the draining renditions no reader holds"
     cmd = sub.add_parser(
         "collect", help=text, description=text, formatter_class=DefaultsHelpFormatter
@@ -552,6 +569,61 @@ async def _publish_async(args: argparse.Namespace) -> int:
             print(f"iceberg table {published.table}: {_snapshot_text(published)}")
     finally:
         await kv.close()
+    return 1 if failed else 0
+
+
+def _follow(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_follow_async(args))
+    except KeyboardInterrupt:
+        return 0
+
+
+async def _follow_async(args: argparse.Namespace) -> int:
+    config, endpoints, keys = _config(args)
+    iceberg = IcebergTarget.from_config(config)
+    step_s = config.iceberg.tail_step_seconds
+    if iceberg is None or step_s == 0:
+        print(
+            "danube-ingest: no tails to follow (iceberg.catalog is off, the object store is "
+            "memory, or iceberg.tail_step_seconds is 0)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.interval_s <= 0:
+        print("danube-ingest: --interval-s must be > 0", file=sys.stderr)
+        return 2
+    topic = getattr(args, "topic", None)
+    objects = ObjectStore.from_config(config)
+    kv = await _connect(config, endpoints)
+    failed = False
+    try:
+        while True:
+            began = time.monotonic()
+            done = await tail_round(
+                kv,
+                keys,
+                objects,
+                iceberg,
+                root=DEFAULT_ROOT,
+                step_s=step_s,
+                topics=None if topic is None else [topic],
+            )
+            for step in done.moved:
+                print(
+                    f"tail {step.topic}: frontier {_iso(step.frontier_ms)}, +{step.added} "
+                    f"pieces ({step.rows} rows), -{step.dropped}",
+                    flush=True,
+                )
+            for problem in done.problems:
+                print(f"danube-ingest: {problem}", file=sys.stderr, flush=True)
+            failed = bool(done.problems)
+            if args.once:
+                break
+            await asyncio.sleep(max(0.0, args.interval_s - (time.monotonic() - began)))
+    finally:
+        await kv.close()
+        await objects.close()
     return 1 if failed else 0
 
 

@@ -414,3 +414,39 @@ def test_tables_publish_registers_an_existing_table_in_place(
     assert capsys.readouterr().out == f"iceberg table {name}: unchanged\n"
     assert main(["tables", "publish", "--topic", "/default/none", *common]) == 0
     assert "no active table" in capsys.readouterr().out
+
+
+def test_tables_follow_once_shows_the_open_hour(
+    etcd_server: str, keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tables follow --once``: a topic without a table gets one, and its tail (the open hour
+    up to the clock's last 10 s step) is in the Iceberg table; a second round adds nothing."""
+    from danube_ingest.analytics.iceberg import IcebergTarget, identifier
+    from danube_ingest.config import load_config
+    from danube_ingest.metadata.clock import TopicClock
+    from danube_ingest.objects.store import ObjectStore
+    from tests.pipelines.parquet_support import H0, MINUTE, TOPIC, publish_topic
+
+    async def setup() -> None:
+        kv = await EtcdKV.connect([etcd_server], timeout=5.0)
+        store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+        try:
+            await publish_topic(kv, keys, hours=1, objects=store)
+            clock = TopicClock(offset=600, ingest_ms=H0 + 12 * MINUTE + 4_000, broker="b1", epoch=1)
+            await kv.put(keys.topic_clock(TOPIC), clock.encode())
+        finally:
+            await store.close()
+            await kv.close()
+
+    asyncio.run(setup())
+    common = ["--etcd", etcd_server, "--prefix", keys.prefix, "--data-dir", str(tmp_path)]
+    assert main(["tables", "follow", "--once", *common]) == 0
+    out = capsys.readouterr().out
+    assert out == f"tail {TOPIC}: frontier {_iso(H0 + 12 * MINUTE)}, +1 pieces (120 rows), -0\n"
+    target = IcebergTarget.from_config(load_config(None, {"broker.data_dir": str(tmp_path)}))
+    assert target is not None
+    table = target.catalog().load_table(identifier(TOPIC))
+    assert sorted(table.scan().to_arrow().column("offset").to_pylist()) == list(range(120))
+    assert main(["tables", "follow", "--once", "--topic", TOPIC, *common]) == 0
+    assert capsys.readouterr().out == ""
+    assert main(["tables", "follow", "--interval-s", "0", *common]) == 2
