@@ -105,6 +105,13 @@ class TailRecord(_Record):
         pieces = [p if isinstance(p, TailPiece) else TailPiece(**p) for p in self.pieces]
         object.__setattr__(self, "pieces", pieces)
 
+    def active_pieces(self, table: TableRecord) -> list[TailPiece]:
+        """The pieces ``table`` holds now (``wanted_pieces`` of its active rendition from its
+        ``upper``)."""
+        if table.active is None:
+            return []
+        return wanted_pieces(self, table.active, max(table.upper_ms, table.since_ms))
+
 
 def tail_key(keys: Keys, topic: str) -> str:
     return f"{TableKeys(keys, topic).prefix}tail"
@@ -169,6 +176,24 @@ def _windows(start: int, end: int, width_s: int) -> list[tuple[int, int]]:
         windows.append((at, stop))
         at = stop
     return windows
+
+
+def _merged(pieces: list[TailPiece], width_s: int) -> list[TailPiece]:
+    """``pieces`` with each run of empty pieces in one partition made one piece (an idle
+    topic's tail then stays one record of a few pieces while its frontier moves)."""
+    merged: list[TailPiece] = []
+    for piece in pieces:
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and not last.files
+            and not piece.files
+            and partition_start(last.start_ms, width_s) == partition_start(piece.start_ms, width_s)
+        ):
+            merged[-1] = TailPiece(last.start_ms, piece.end_ms, [])
+        else:
+            merged.append(piece)
+    return merged
 
 
 async def extend_tail(
@@ -256,7 +281,7 @@ async def extend_tail(
             ]
             rows += sum(f.rows for f in written)
         added.append(TailPiece(start, end, files))
-    new = TailRecord(table.active, [*pieces, *added], plan_input.revision)
+    new = TailRecord(table.active, _merged([*pieces, *added], table.width_s), plan_input.revision)
     result = await kv.txn([Compare.unchanged(key, tail_kv)], [Put(key, new.encode())])
     frontier = new.pieces[-1].end_ms if new.pieces else upper
     if not result.succeeded:

@@ -60,6 +60,7 @@ from danube_ingest.analytics.records import (
 )
 from danube_ingest.analytics.renditions import activate, read_table
 from danube_ingest.analytics.session import spark_session
+from danube_ingest.analytics.tail import read_tail
 from danube_ingest.cli.helpfmt import DefaultsHelpFormatter
 from danube_ingest.cli.progress import PLAIN_INTERVAL_S
 from danube_ingest.config import load_config
@@ -294,6 +295,14 @@ async def _show(kv: EtcdKV, keys: Keys, topic: str, *, always: bool) -> int:
             f"    {len(parts)} partitions; last {_iso(last.start_ms)}: {last.rows} rows, "
             f"offsets {offsets}, {len(last.files)} files, committed {_iso(last.committed_ms)}"
             f"{'' if last.published else ', not published yet'}"
+        )
+    tail, _revision = await read_tail(kv, keys, topic)
+    if tail is not None and tail.active_pieces(table):
+        shown = tail.active_pieces(table)
+        rows = sum(f.rows for p in shown for f in p.files)
+        print(
+            f"  tail ({tail.rendition}): to {_iso(shown[-1].end_ms)}, {len(shown)} pieces, "
+            f"{rows} rows"
         )
     return 1
 

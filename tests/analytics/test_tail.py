@@ -215,3 +215,27 @@ async def test_create_makes_the_table_a_first_run_would(
     await publish(etcd_kv, keys, TOPIC, target)
     assert _offsets(target) == _below(H0 + 20 * MINUTE)
     await store.close()
+
+
+async def test_an_idle_topics_tail_stays_one_empty_piece_per_partition(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
+) -> None:
+    """Steps over a quiet stretch (no entries) move the frontier with the clock, as one empty
+    piece per partition, not one per step; no file is written."""
+    store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    await publish_topic(etcd_kv, keys, hours=1, objects=store)
+    await _clock(etcd_kv, keys, H0 + HOUR)
+    await convert(kv=etcd_kv, keys=keys, objects=store, warehouse=store, topic=TOPIC)
+    for minutes in (1, 2, 3, 61):
+        await _clock(etcd_kv, keys, H0 + HOUR + minutes * MINUTE)
+        step = await extend_tail(etcd_kv, keys, TOPIC, store, store, root=ROOT)
+        assert step is not None and step.rows == 0
+        assert step.frontier_ms == H0 + HOUR + minutes * MINUTE
+    tail, _ = await read_tail(etcd_kv, keys, TOPIC)
+    assert tail is not None
+    assert [(p.start_ms, p.end_ms, p.files) for p in tail.pieces] == [
+        (H0 + HOUR, H0 + 2 * HOUR, []),
+        (H0 + 2 * HOUR, H0 + 2 * HOUR + MINUTE, []),
+    ]
+    assert not (tmp_path / "objects" / ROOT / "_tails").exists()
+    await store.close()

@@ -449,4 +449,7 @@ def test_tables_follow_once_shows_the_open_hour(
     assert sorted(table.scan().to_arrow().column("offset").to_pylist()) == list(range(120))
     assert main(["tables", "follow", "--once", "--topic", TOPIC, *common]) == 0
     assert capsys.readouterr().out == ""
+    assert main(["tables", "--topic", TOPIC, *common]) == 0
+    shown = capsys.readouterr().out
+    assert f"  tail (r1): to {_iso(H0 + 12 * MINUTE)}, 1 pieces, 120 rows\n" in shown
     assert main(["tables", "follow", "--interval-s", "0", *common]) == 2
