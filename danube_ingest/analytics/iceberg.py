@@ -680,6 +680,29 @@ def _referenced_data(table: Table) -> set[str]:
     return found
 
 
+def _sweep(
+    filesystem: Any, directory: str, keep: set[str], before_ns: int, marker: str = ""
+) -> tuple[int, int]:
+    """Delete the files below ``directory`` whose path contains ``marker``, is not in
+    ``keep`` and that were last modified before ``before_ns``; (files, bytes) deleted."""
+    from pyarrow import fs as pafs
+
+    selector = pafs.FileSelector(directory.rstrip("/"), allow_not_found=True, recursive=True)
+    deleted = size = 0
+    for info in filesystem.get_file_info(selector):
+        if info.type != pafs.FileType.File or marker not in info.path or info.path in keep:
+            continue
+        if info.mtime_ns is None or info.mtime_ns >= before_ns:
+            continue  # young: a publisher may be about to commit it
+        try:
+            filesystem.delete_file(info.path)
+        except FileNotFoundError:
+            continue
+        deleted += 1
+        size += info.size or 0
+    return deleted, size
+
+
 def _maintain_sync(
     target: IcebergTarget,
     topic: str,
@@ -690,7 +713,6 @@ def _maintain_sync(
     now_ms: int,
     tails: tuple[str, str, set[str]] | None = None,
 ) -> MaintenanceResult | None:
-    from pyarrow import fs as pafs
     from pyiceberg.exceptions import NoSuchTableError
     from pyiceberg.io.pyarrow import PyArrowFileIO
 
@@ -727,41 +749,18 @@ def _maintain_sync(
     scheme, netloc, root = PyArrowFileIO.parse_location(table.location())
     filesystem = table.io.fs_by_scheme(scheme, netloc)
     keep = _referenced(table)
-    selector = pafs.FileSelector(
-        f"{root.rstrip('/')}/metadata", allow_not_found=True, recursive=True
-    )
     grace_ns = (now_ms - round(orphan_grace_s * 1000)) * 1_000_000
-    deleted = deleted_bytes = 0
-    for info in filesystem.get_file_info(selector):
-        if info.type != pafs.FileType.File or info.path in keep:
-            continue
-        if info.mtime_ns is None or info.mtime_ns >= grace_ns:
-            continue  # young: a publisher may be about to commit it
-        try:
-            filesystem.delete_file(info.path)
-        except FileNotFoundError:
-            continue
-        deleted += 1
-        deleted_bytes += info.size or 0
+    deleted, deleted_bytes = _sweep(filesystem, f"{root.rstrip('/')}/metadata", keep, grace_ns)
     if tails is not None:
         # Tail pieces (tail.py) no remaining snapshot holds and the tail record no longer
         # lists: replaced by their partition's file, readable by no snapshot any more.
         prefix, marker, listed = tails
         t_scheme, t_netloc, t_root = PyArrowFileIO.parse_location(prefix)
-        tail_fs = table.io.fs_by_scheme(t_scheme, t_netloc)
         held = _referenced_data(table) | {PyArrowFileIO.parse_location(u)[2] for u in listed}
-        selector = pafs.FileSelector(t_root.rstrip("/"), allow_not_found=True, recursive=True)
-        for info in tail_fs.get_file_info(selector):
-            if info.type != pafs.FileType.File or marker not in info.path:
-                continue
-            if info.path in held or info.mtime_ns is None or info.mtime_ns >= grace_ns:
-                continue
-            try:
-                tail_fs.delete_file(info.path)
-            except FileNotFoundError:
-                continue
-            deleted += 1
-            deleted_bytes += info.size or 0
+        count, size = _sweep(
+            table.io.fs_by_scheme(t_scheme, t_netloc), t_root, held, grace_ns, marker
+        )
+        deleted, deleted_bytes = deleted + count, deleted_bytes + size
     log.info(
         "iceberg table maintained table=%s snapshots_expired=%d files_deleted=%d",
         name,

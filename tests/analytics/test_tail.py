@@ -21,23 +21,16 @@ from danube_ingest.analytics.iceberg import (
     publish,
 )
 from danube_ingest.analytics.tail import TailError, extend_tail, read_tail
-from danube_ingest.config import load_config
 from danube_ingest.metadata import EtcdKV, Keys
 from danube_ingest.metadata.clock import TopicClock
 from danube_ingest.objects.store import ObjectStore
+from tests.analytics.test_iceberg_lifecycle import target
 from tests.pipelines.parquet_support import H0, HOUR, MINUTE, ROOT, TOPIC, ingest_ms, publish_topic
 
 pytestmark = [pytest.mark.etcd]
 
 
-def _target(tmp_path: Path) -> IcebergTarget:
-    config = load_config(
-        None,
-        {"broker.data_dir": str(tmp_path), "storage.cloud.root": str(tmp_path / "objects")},
-    )
-    found = IcebergTarget.from_config(config)
-    assert found is not None
-    return found
+_target = target  # (a broker's target with data and objects in tmp_path)
 
 
 async def _clock(kv: EtcdKV, keys: Keys, at_ms: int) -> None:
