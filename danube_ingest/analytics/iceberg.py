@@ -49,8 +49,13 @@ import pyarrow as pa
 from danube_ingest.analytics.checks import CheckFinding
 from danube_ingest.analytics.columns import table_schema
 from danube_ingest.analytics.errors import AnalyticsError
-from danube_ingest.analytics.layout import topic_subdir
-from danube_ingest.analytics.records import PartitionCommit, TableKeys, TableRecord
+from danube_ingest.analytics.layout import topic_prefix, topic_subdir
+from danube_ingest.analytics.records import (
+    PartitionCommit,
+    RenditionRecord,
+    TableKeys,
+    TableRecord,
+)
 from danube_ingest.analytics.renditions import read_rendition
 from danube_ingest.analytics.tail import read_tail, tail_prefix, wanted_pieces
 from danube_ingest.config.models import BrokerConfig
@@ -71,6 +76,7 @@ __all__ = [
     "PublishResult",
     "check_table",
     "freshness",
+    "held_keys",
     "identifier",
     "maintain",
     "publish",
@@ -664,8 +670,28 @@ def _referenced(table: Table) -> set[str]:
     return keep
 
 
-def _referenced_data(table: Table) -> set[str]:
-    """Paths (scheme stripped) of the data files some remaining snapshot holds."""
+async def held_keys(target: IcebergTarget, topic: str) -> set[str]:
+    """The object store keys of the data files some snapshot of ``topic``'s Iceberg table
+    holds (empty when it has no table): what time travel may still read."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    def read() -> set[str]:
+        try:
+            table = target.catalog().load_table(identifier(topic))
+        except NoSuchTableError:
+            return set()
+        return {
+            uri[len(target.location) :]
+            for uri in _referenced_data(table, uris=True)
+            if uri.startswith(target.location)
+        }
+
+    return await asyncio.to_thread(read)
+
+
+def _referenced_data(table: Table, *, uris: bool = False) -> set[str]:
+    """Paths (scheme stripped; ``uris``: as the table names them) of the data files some
+    remaining snapshot holds."""
     from pyiceberg.io.pyarrow import PyArrowFileIO
 
     seen: set[str] = set()
@@ -676,7 +702,8 @@ def _referenced_data(table: Table) -> set[str]:
                 continue
             seen.add(manifest.manifest_path)
             for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-                found.add(PyArrowFileIO.parse_location(entry.data_file.file_path)[2])
+                path = entry.data_file.file_path
+                found.add(path if uris else PyArrowFileIO.parse_location(path)[2])
     return found
 
 
@@ -711,7 +738,7 @@ def _maintain_sync(
     min_snapshots: int,
     orphan_grace_s: float,
     now_ms: int,
-    tails: tuple[str, str, set[str]] | None = None,
+    tails: tuple[list[tuple[str, str]], set[str]] | None = None,
 ) -> MaintenanceResult | None:
     from pyiceberg.exceptions import NoSuchTableError
     from pyiceberg.io.pyarrow import PyArrowFileIO
@@ -752,15 +779,16 @@ def _maintain_sync(
     grace_ns = (now_ms - round(orphan_grace_s * 1000)) * 1_000_000
     deleted, deleted_bytes = _sweep(filesystem, f"{root.rstrip('/')}/metadata", keep, grace_ns)
     if tails is not None:
-        # Tail pieces (tail.py) no remaining snapshot holds and the tail record no longer
-        # lists: replaced by their partition's file, readable by no snapshot any more.
-        prefix, marker, listed = tails
-        t_scheme, t_netloc, t_root = PyArrowFileIO.parse_location(prefix)
+        # Data files only old snapshots held: tail pieces (tail.py) the tail record no longer
+        # lists, and the files collection left behind in collected renditions.
+        directories, listed = tails
         held = _referenced_data(table) | {PyArrowFileIO.parse_location(u)[2] for u in listed}
-        count, size = _sweep(
-            table.io.fs_by_scheme(t_scheme, t_netloc), t_root, held, grace_ns, marker
-        )
-        deleted, deleted_bytes = deleted + count, deleted_bytes + size
+        for directory, marker in directories:
+            d_scheme, d_netloc, d_root = PyArrowFileIO.parse_location(directory)
+            count, size = _sweep(
+                table.io.fs_by_scheme(d_scheme, d_netloc), d_root, held, grace_ns, marker
+            )
+            deleted, deleted_bytes = deleted + count, deleted_bytes + size
     log.info(
         "iceberg table maintained table=%s snapshots_expired=%d files_deleted=%d",
         name,
@@ -786,9 +814,10 @@ async def maintain(
     metadata files under its ``metadata/`` directory that no remaining snapshot or metadata
     version references and that are older than ``orphan_grace_s`` (manifests and manifest
     lists of the expired snapshots, a crashed publisher's uncommitted ones). With ``tails``
-    (etcd and the warehouse root), also the topic's tail pieces (``tail.py``) that neither a
-    remaining snapshot nor the tail record holds, older than the grace. No other data file is
-    ever deleted here. None when the table does not exist. Raises
+    (etcd and the warehouse root), also the data files no remaining snapshot holds among the
+    topic's tail pieces (``tail.py``; those its tail record lists stay) and in its collected
+    renditions (``lifecycle.collect`` leaves the files snapshots still hold), older than the
+    grace. No other data file is ever deleted here. None when the table does not exist. Raises
     :class:`IcebergPublishError` (retriable when the catalog or the store could not be
     reached)."""
     if max_snapshot_age_s < 0 or orphan_grace_s < 0 or min_snapshots < 1:
@@ -799,12 +828,20 @@ async def maintain(
     import time
 
     when = now_ms if now_ms is not None else int(time.time() * 1000)
-    swept: tuple[str, str, set[str]] | None = None
+    swept: tuple[list[tuple[str, str]], set[str]] | None = None
     if tails is not None:
         kv, keys, root = tails
         tail, _revision = await read_tail(kv, keys, topic)
         listed = {target.uri_of(f.path) for p in (tail.pieces if tail else []) for f in p.files}
-        swept = (target.uri_of(tail_prefix(root)), f"/{topic_subdir(topic)}", listed)
+        directories = [(target.uri_of(tail_prefix(root)), f"/{topic_subdir(topic)}")]
+        tables = TableKeys(keys, topic)
+        for entry in await kv.get_prefix(tables.renditions_prefix()):
+            if tables.is_rendition(entry.key):
+                record = RenditionRecord.decode(entry.value, entry.key)
+                if record.state == "collected":
+                    rendition = entry.key[len(tables.renditions_prefix()) :]
+                    directories.append((target.uri_of(topic_prefix(root, rendition, topic)), ""))
+        swept = (directories, listed)
     try:
         return await asyncio.to_thread(
             _maintain_sync,

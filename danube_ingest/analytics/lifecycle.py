@@ -32,8 +32,13 @@ from dataclasses import dataclass, field
 from danube_ingest.analytics.commit import advance_since, collect_staging
 from danube_ingest.analytics.convert import current_conversion
 from danube_ingest.analytics.errors import RenditionHeldError
-from danube_ingest.analytics.iceberg import IcebergTarget, publish
-from danube_ingest.analytics.layout import DEFAULT_ROOT, partition_end, partition_start
+from danube_ingest.analytics.iceberg import IcebergTarget, held_keys, publish
+from danube_ingest.analytics.layout import (
+    DEFAULT_ROOT,
+    partition_end,
+    partition_start,
+    topic_prefix,
+)
 from danube_ingest.analytics.records import HoldRecord, PartitionCommit, RenditionRecord, TableKeys
 from danube_ingest.analytics.renditions import collect_rendition, create_rendition, read_table
 from danube_ingest.metadata.keys import Keys
@@ -71,6 +76,9 @@ class CollectResult:
     """Files deleted from the collected renditions."""
     held: list[tuple[str, str]] = field(default_factory=list)
     """``(topic, rendition)`` of the draining renditions skipped because a reader holds them."""
+    files_kept: int = 0
+    """Files of the collected renditions left in place because an Iceberg snapshot still
+    holds them (``iceberg.maintain`` deletes them once none does)."""
 
     def counts(self) -> dict[str, int]:
         """The counts, as plain values (CLI output, Dagster metadata)."""
@@ -79,6 +87,7 @@ class CollectResult:
             "renditions_collected": len(self.collected),
             "rendition_files_deleted": self.files_deleted,
             "renditions_held": len(self.held),
+            "rendition_files_kept": self.files_kept,
         }
 
 
@@ -116,7 +125,7 @@ async def collect(
     staging: list[str] = []
     collected: list[tuple[str, str]] = []
     held: list[tuple[str, str]] = []
-    files = 0
+    files = kept = 0
     for name in topics:
         if await read_table(kv, keys, name) is None:
             continue
@@ -127,15 +136,22 @@ async def collect(
             if tables.is_rendition(entry.key)
             and RenditionRecord.decode(entry.value, entry.key).state == "draining"
         ]
+        keep: set[str] = set()
         if iceberg is not None and draining:
-            # Only a draining rendition's files may still be named by the Iceberg table.
+            # Only a draining rendition's files may still be named by the Iceberg table: its
+            # current snapshot stops naming them here; older snapshots (time travel, a query
+            # that began before the handover) keep theirs until iceberg.maintain expires them.
             await publish(kv, keys, name, iceberg)
+            keep = await held_keys(iceberg, name)
         staging += await collect_staging(
             kv, keys, warehouse, root, grace_s=staging_grace_s, now_ms=now_ms, topic=name
         )
         for rendition in draining:
             try:
-                files += await collect_rendition(kv, keys, name, rendition, warehouse, root)
+                files += await collect_rendition(
+                    kv, keys, name, rendition, warehouse, root, keep=keep
+                )
+                kept += sum(1 for k in keep if k.startswith(topic_prefix(root, rendition, name)))
             except RenditionHeldError as exc:
                 log.info(
                     "rendition held, not collected topic=%s rendition=%s error=%s",
@@ -154,7 +170,7 @@ async def collect(
         files,
         len(held),
     )
-    return CollectResult(staging, collected, files, held)
+    return CollectResult(staging, collected, files, held, kept)
 
 
 @dataclass

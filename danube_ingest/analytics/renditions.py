@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import replace
 
 from danube_ingest.analytics.errors import RenditionError, RenditionHeldError
@@ -285,10 +285,19 @@ async def _keep(kv: KV, lease: int, ttl: int, what: str) -> None:
 
 
 async def collect_rendition(
-    kv: KV, keys: Keys, topic: str, rendition: str, store: ObjectStore, root: str
+    kv: KV,
+    keys: Keys,
+    topic: str,
+    rendition: str,
+    store: ObjectStore,
+    root: str,
+    *,
+    keep: Collection[str] = (),
 ) -> int:
     """Delete a non-active rendition's files and partition records, leaving its record with
-    state ``collected``; returns how many files were deleted. Idempotent.
+    state ``collected``; returns how many files were deleted. Files in ``keep`` (keys an
+    Iceberg snapshot still holds: ``iceberg.held_keys``) stay, for ``iceberg.maintain`` to
+    delete once no snapshot holds them. Idempotent.
 
     ``RenditionHeldError`` (retriable) while a reader holds it, ``RenditionError`` if it is the
     active one.
@@ -327,6 +336,8 @@ async def collect_rendition(
     # No commit, no hold can be added now (both check the record), so deleting is safe.
     deleted = 0
     for path in await store.list(topic_prefix(root, rendition, topic)):
+        if path in keep:
+            continue
         await store.delete(path)
         deleted += 1
     await kv.txn([], [Delete(tables.parts_prefix(rendition), True)])

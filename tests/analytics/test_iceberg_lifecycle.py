@@ -29,6 +29,7 @@ from danube_ingest.analytics.iceberg import (
     maintain,
     publish,
 )
+from danube_ingest.analytics.layout import topic_prefix
 from danube_ingest.analytics.lifecycle import collect
 from danube_ingest.analytics.renditions import activate, create_rendition, create_table
 from danube_ingest.config import load_config
@@ -39,6 +40,7 @@ from danube_ingest.objects.store import ObjectStore
 from danube_ingest.testing import LocalPostgres, MotoServer
 
 from .tables_support import (
+    ROOT,
     T0,
     TOPIC,
     ingest_ms_of,
@@ -134,6 +136,12 @@ async def test_handover_collection_and_since(
     # Collection publishes first: the draining r1's files leave the table, then go.
     result = await collect(etcd_kv, keys, store, topic=TOPIC, iceberg=found)
     assert result.collected == [(TOPIC, r1)]
+    # The first snapshot still holds r1's files: collection leaves them, time travel reads
+    # them (a query that began before the handover too); maintenance deletes them later.
+    r1_keys = await store.list(topic_prefix(ROOT, r1, TOPIC))
+    assert (result.files_deleted, result.files_kept) == (0, 3) and len(r1_keys) == 3
+    before = found.catalog().load_table(("default", "orders")).scan(snapshot_id=first.snapshot_id)
+    assert sorted(before.to_arrow().column("offset").to_pylist()) == list(range(300))
     table = found.catalog().load_table(("default", "orders"))
     snapshot = table.current_snapshot()
     assert snapshot is not None and snapshot.summary is not None
@@ -157,6 +165,18 @@ async def test_handover_collection_and_since(
     await advance_since(etcd_kv, keys, TOPIC, T0 + TEN_MIN)
     moved = await publish(etcd_kv, keys, TOPIC, found)
     assert moved is not None and (moved.added, moved.removed) == (0, 1)
+    assert offsets(found) == [o for o in range(300) if ingest_ms_of(o) >= T0 + TEN_MIN]
+
+    # Once the snapshots holding r1's files expire, maintenance deletes them, and only them.
+    r2_keys = await store.list(topic_prefix(ROOT, r2, TOPIC))
+    later = int(time.time() * 1000) + 2 * 3600 * 1000
+    tails = (etcd_kv, keys, ROOT)
+    kept = await maintain(found, TOPIC, now_ms=later, tails=tails)
+    assert kept is not None and await store.list(topic_prefix(ROOT, r1, TOPIC)) == r1_keys
+    swept = await maintain(found, TOPIC, now_ms=later, tails=tails, max_snapshot_age_s=0)
+    assert swept is not None and swept.files_deleted >= 3
+    assert await store.list(topic_prefix(ROOT, r1, TOPIC)) == []
+    assert await store.list(topic_prefix(ROOT, r2, TOPIC)) == r2_keys
     assert offsets(found) == [o for o in range(300) if ingest_ms_of(o) >= T0 + TEN_MIN]
     await store.close()
 

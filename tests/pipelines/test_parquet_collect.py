@@ -53,6 +53,7 @@ async def test_parquet_collect_reports_held_then_collected(
             "renditions_collected": 0,
             "rendition_files_deleted": 0,
             "renditions_held": 1,
+            "rendition_files_kept": 0,
             "held": f"{TOPIC} r1",
         }
         assert all(f.exists() for f in r1_files)
@@ -62,6 +63,7 @@ async def test_parquet_collect_reports_held_then_collected(
             "renditions_collected": 1,
             "rendition_files_deleted": len(r1_files),
             "renditions_held": 0,
+            "rendition_files_kept": 0,  # (no Iceberg snapshot ever held r1: never published)
             "held": "none",
         }
         assert r1_files and not any(f.exists() for f in r1_files)
