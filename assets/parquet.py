@@ -21,8 +21,10 @@ Backfills use ``BackfillPolicy.single_run()``: Dagster cuts the selected keys in
 consecutive keys (in the order the sensor added them) and launches one run per range; a run
 converts one topic per program. Keys of one topic added in one sensor tick are consecutive.
 
-Checks (``danube_ingest.analytics.checks``), over every table of the active renditions:
-``rows_match_offsets``, ``frontier_contiguous``, ``files_intact``.
+Checks (``danube_ingest.analytics.checks`` and ``iceberg``), over every table of the active
+renditions: ``rows_match_offsets``, ``frontier_contiguous``, ``files_intact``,
+``iceberg_matches``, ``iceberg_fresh`` (a warning) and ``partitions_fresh`` (a warning: complete
+partitions still unconverted ``LATE_AFTER_S`` after their end, by the topic clock).
 
 Job ``parquet_collect`` (op ``collect_parquet``): ``lifecycle.collect`` over every table, its
 counts as metadata.
@@ -100,11 +102,14 @@ from danube_ingest.analytics.iceberg import (
     freshness,
     maintain,
 )
+from danube_ingest.analytics.layout import DEFAULT_WIDTH_S, partition_end
 from danube_ingest.analytics.lifecycle import CollectResult, collect
 from danube_ingest.analytics.preflight import Preflight, preflight, table_starts
+from danube_ingest.analytics.renditions import read_table
 from danube_ingest.config.values import parse_duration
 from danube_ingest.errors import ConfigError, DanubeIngestError
 from danube_ingest.metadata import KV, Keys
+from danube_ingest.metadata.clock import read_clock
 from danube_ingest.objects.store import ObjectStore
 from pipelines.resources import ConvertJobResource, EtcdResource, ObjectStoreResource
 
@@ -614,12 +619,86 @@ def iceberg_fresh(etcd: EtcdResource, objects: ObjectStoreResource) -> AssetChec
     )
 
 
+#: A complete partition still not committed when its topic's clock is this far past the
+#: partition's end is late (``partitions_fresh``): its table then trails the clock by more than
+#: its width plus ``iceberg.FRESHNESS_SLACK_S``, the bound ``iceberg_fresh`` holds tables to.
+LATE_AFTER_S = FRESHNESS_SLACK_S
+
+
+async def late_partitions(
+    kv: KV, keys: Keys, topic: str, *, late_after_s: float = LATE_AFTER_S
+) -> tuple[list[int], int, int | None]:
+    """``(starts, width_s, clock_ms)``: the starts of ``topic``'s complete partitions not
+    committed in the active rendition (``convert.pending_partitions``: at most a day of minute
+    partitions from the rendition's upper) whose end the topic clock passed more than
+    ``late_after_s`` ago, in order."""
+    pending = await pending_partitions(kv, keys, topic)
+    if not pending:
+        return [], 0, None
+    table = await read_table(kv, keys, topic)
+    width_s = DEFAULT_WIDTH_S if table is None else table.width_s
+    clock = await read_clock(kv, keys, topic)
+    if clock is None:
+        return [], width_s, None
+    due = clock.ingest_ms - int(late_after_s * 1000)
+    return [s for s in pending if partition_end(s, width_s) < due], width_s, clock.ingest_ms
+
+
+@asset_check(
+    asset=parquet_partitions,
+    description="No complete partition is still unconverted when its topic's clock is more than "
+    f"{LATE_AFTER_S / 60:.0f} min past its end (a warning otherwise); the metadata name each "
+    "table's late partitions and the oldest.",
+)
+def partitions_fresh(etcd: EtcdResource) -> AssetCheckResult:
+    """``late_partitions`` of every topic: each is a finding named by its partition key."""
+
+    async def work(kv: KV, keys: Keys) -> tuple[int, dict[str, tuple[list[int], int, int]]]:
+        topics = await topics_with_manifest(kv, keys)
+        found = {}
+        for topic in topics:
+            starts, width_s, clock_ms = await late_partitions(kv, keys, topic)
+            if starts and clock_ms is not None:
+                found[topic] = (starts, width_s, clock_ms)
+        return len(topics), found
+
+    topics, late = _run_etcd(etcd, work)
+    rows = [
+        (
+            topic,
+            len(starts),
+            partition_key(topic, starts[0]),
+            f"{(clock_ms - partition_end(starts[0], width_s)) / 60_000:.0f}",
+        )
+        for topic, (starts, width_s, clock_ms) in late.items()
+    ]
+    late_keys = [partition_key(t, s) for t, (starts, _, _) in late.items() for s in starts]
+    shown = "\n".join(f"- {k}" for k in late_keys[:50]) + (
+        f"\n- ... and {len(late_keys) - 50} more" if len(late_keys) > 50 else ""
+    )
+    return AssetCheckResult(
+        passed=not late_keys,
+        severity=AssetCheckSeverity.WARN,
+        metadata={
+            "topics": topics,
+            "late": len(late_keys),
+            "late_tables": len(late),
+            "late_after_s": LATE_AFTER_S,
+            "by_table": _md_table(
+                ["topic", "late partitions", "oldest late partition", "min past its end"], rows
+            ),
+            "details": MetadataValue.md(shown if late_keys else "none"),
+        },
+    )
+
+
 parquet_checks = [
     rows_match_offsets,
     frontier_contiguous,
     files_intact,
     iceberg_matches,
     iceberg_fresh,
+    partitions_fresh,
 ]
 
 
@@ -721,6 +800,7 @@ __all__ = [
     "collect_parquet",
     "converted_check_key",
     "iceberg_maintenance",
+    "late_partitions",
     "maintain_iceberg",
     "parquet_checks",
     "parquet_collect",
@@ -729,5 +809,6 @@ __all__ = [
     "parquet_topics_sensor",
     "parse_partition_key",
     "partition_key",
+    "partitions_fresh",
     "table_partitions",
 ]

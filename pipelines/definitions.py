@@ -32,6 +32,7 @@ from assets import (
     topics,
     wal_prune_marks,
 )
+from assets.iceberg_tables import iceberg_tables
 from pipelines.resources import ConvertJobResource, EtcdResource, ObjectStoreResource
 
 parquet_checks_job = define_asset_job(
@@ -92,7 +93,7 @@ etcd_compaction_schedule = ScheduleDefinition(
 )
 
 defs = Definitions(
-    assets=[topics, object_manifest, parquet_partitions, wal_prune_marks],
+    assets=[topics, object_manifest, parquet_partitions, iceberg_tables, wal_prune_marks],
     asset_checks=[*parquet_checks, manifest_integrity_checks],
     jobs=[
         prune_marks_job,
@@ -118,7 +119,8 @@ defs = Definitions(
     # prune_marks_sensor: a prune_marks run only when a mark would move (a mark lets the
     # brokers' cleaners free WAL about a minute after the data was uploaded and consumed; the
     # cleaner falls back to the cursors itself while no mark exists).
-    # iceberg_tail_sensor: the tables' tails, in the sensor itself (no run).
+    # iceberg_tail_sensor: the tables' tails, in the sensor itself (no run); it reports a
+    # runless materialization of iceberg_tables when a tail moved.
     sensors=[prune_marks_sensor, parquet_topics_sensor, rotation_sensor, iceberg_tail_sensor],
     resources={
         "etcd": EtcdResource.from_env(),

@@ -515,6 +515,7 @@ async def test_asset_checks_pass_then_fail_on_a_damaged_file(
         "files_intact",
         "iceberg_matches",
         "iceberg_fresh",
+        "partitions_fresh",
     }
     # Committed but not yet in the Iceberg table (the helper converts without publishing).
     assert await asyncio.to_thread(run_checks) == {
@@ -538,6 +539,7 @@ async def test_asset_checks_pass_then_fail_on_a_damaged_file(
         "files_intact": False,
         "iceberg_matches": True,  # (the catalog still names the file as committed)
         "iceberg_fresh": True,
+        "partitions_fresh": True,
     }
 
 
@@ -568,11 +570,13 @@ def test_the_location_lists_the_parquet_asset_sensor_and_checks() -> None:
         "files_intact",
         "iceberg_matches",
         "iceberg_fresh",
+        "partitions_fresh",
         "converted",
     }
-    # The graph: the object manifest -> the Parquet tables -> their checks.
+    # The graph: the object manifest -> the Parquet tables -> their Iceberg tables.
     upstream = graph.get(AssetKey("parquet_partitions")).parent_keys
     assert upstream == {AssetKey("object_manifest")}
+    assert graph.get(AssetKey("iceberg_tables")).parent_keys == {AssetKey("parquet_partitions")}
     # The other checks of the location: the object manifest's (assets/objects.py).
     assert keys - {("parquet_partitions", n) for n in parquet} == {
         ("object_manifest", "objects_intact"),

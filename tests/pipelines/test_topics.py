@@ -39,6 +39,15 @@ def test_asset_graph_shows_the_data_flow() -> None:
     assert parents["topics"] == set()
     assert parents["object_manifest"] == {TOPICS_KEY}
     assert parents["wal_prune_marks"] == {AssetKey("object_manifest"), TOPICS_KEY}
+    assert parents["parquet_partitions"] == {AssetKey("object_manifest")}
+    assert parents["iceberg_tables"] == {AssetKey("parquet_partitions")}
+    assert set(parents) == {
+        "topics",
+        "object_manifest",
+        "parquet_partitions",
+        "iceberg_tables",
+        "wal_prune_marks",
+    }
 
 
 async def _until(check: Any, what: str, timeout: float = 30.0) -> None:
