@@ -45,6 +45,7 @@ from danube_ingest.analytics.commit import (
 )
 from danube_ingest.analytics.decode import SchemaDecoder, load_decoder
 from danube_ingest.analytics.errors import AnalyticsError
+from danube_ingest.analytics.evolve import evolve_schema
 from danube_ingest.analytics.iceberg import IcebergTarget, PublishResult, publish
 from danube_ingest.analytics.layout import (
     DEFAULT_ROOT,
@@ -494,6 +495,8 @@ async def convert(
     plan_input = await read_plan_input(kv, keys, topic)
     active = await _ensure_rendition(kv, keys, topic, width_s, plan_input)
     name = rendition or active
+    if name == active:  # a newer version of the topic's subject that extends the rendition's
+        await evolve_schema(kv, keys, topic)
     await finish_published(kv, keys, topic, warehouse, root)
     table = await read_table(kv, keys, topic)
     record = await read_rendition(kv, keys, topic, name)

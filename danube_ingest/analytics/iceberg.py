@@ -49,6 +49,7 @@ import pyarrow as pa
 from danube_ingest.analytics.checks import CheckFinding
 from danube_ingest.analytics.columns import table_schema
 from danube_ingest.analytics.errors import AnalyticsError
+from danube_ingest.analytics.evolve import WIDENINGS
 from danube_ingest.analytics.layout import topic_prefix, topic_subdir
 from danube_ingest.analytics.records import (
     PartitionCommit,
@@ -482,8 +483,8 @@ def _publish_once(catalog: Catalog, topic: str, wanted: _Wanted) -> PublishResul
     if not added and not removed and (not current or _same_view(_state(table), wanted)):
         return PublishResult(name, None, 0, 0, wanted.frontier_ms)
     tx = table.transaction()
-    if set(wanted.schema.names) - {f.name for f in table.schema().fields}:
-        with tx.update_schema() as update:  # a newer decode schema's columns, added
+    if _schema_grows(table.schema().as_arrow(), wanted.schema):
+        with tx.update_schema() as update:  # a newer decode schema's columns, added or widened
             update.union_by_name(wanted.schema)
     props = _summary(topic, wanted, added)
     files = [parquet_file_to_data_file(table.io, tx.table_metadata, uri) for uri in added]
@@ -511,6 +512,16 @@ def _publish_once(catalog: Catalog, topic: str, wanted: _Wanted) -> PublishResul
         wanted.frontier_ms,
     )
     return PublishResult(name, snapshot.snapshot_id, len(added), len(removed), wanted.frontier_ms)
+
+
+def _schema_grows(current: pa.Schema, wanted: pa.Schema) -> bool:
+    """Whether ``wanted`` (the active rendition's columns) has a column the table lacks, or
+    one widened since (int to long, float to double: ``evolve.py``)."""
+    for column in wanted:
+        index = current.get_field_index(column.name)
+        if index < 0 or (current.field(index).type, column.type) in WIDENINGS:
+            return True
+    return False
 
 
 def _publish_sync(target: IcebergTarget, topic: str, wanted: _Wanted) -> PublishResult:

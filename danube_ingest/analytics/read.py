@@ -125,11 +125,30 @@ async def _arrow(store: ObjectStore, selection: _Selection) -> pa.Table:
     ]
     if not tables:
         return selection.schema.empty_table()
-    return pa.concat_tables(tables)
+    return pa.concat_tables([_aligned(t, selection.schema) for t in tables])
+
+
+def _aligned(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly ``schema``'s columns: a file written before its rendition's
+    schema evolved (``evolve.py``) lacks the added columns (null here) and may hold a
+    narrower type (cast)."""
+    if table.schema.equals(schema):
+        return table
+    columns = [
+        table.column(f.name).cast(f.type)
+        if f.name in table.schema.names
+        else pa.nulls(table.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _frame(
-    spark: SparkSession, spec: StoreSpec, paths: Sequence[str], data: pa.Table | None
+    spark: SparkSession,
+    spec: StoreSpec,
+    paths: Sequence[str],
+    data: pa.Table | None,
+    schema: pa.Schema,
 ) -> DataFrame:
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -139,7 +158,9 @@ def _frame(
         return spark.createDataFrame(data)
     root = _fs_root(spec)
     assert root is not None
-    return spark.read.parquet(*(str(root / p) for p in paths))
+    # The rendition's columns, not the first file's: files written before its schema evolved
+    # lack the added columns (null) and may hold a narrower type.
+    return spark.read.schema(from_arrow_schema(schema)).parquet(*(str(root / p) for p in paths))
 
 
 def _default_spec() -> StoreSpec:
@@ -179,7 +200,7 @@ async def _build(spark: SparkSession, spec: StoreSpec, selection: _Selection) ->
                 await store.close()
         else:
             data = selection.schema.empty_table()
-    return await asyncio.to_thread(_frame, spark, spec, paths, data)
+    return await asyncio.to_thread(_frame, spark, spec, paths, data, selection.schema)
 
 
 class TopicRead:

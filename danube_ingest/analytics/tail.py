@@ -212,6 +212,7 @@ async def extend_tail(
     table (``create``: the table is created first, as a first conversion run would). Raises
     :class:`TailError`."""
     from danube_ingest.analytics.convert import ensure_table, rendition_decoder
+    from danube_ingest.analytics.evolve import evolve_schema
 
     if step_s < 1:
         raise TailError(f"the tail step must be at least 1 s, not {step_s}")
@@ -244,6 +245,10 @@ async def extend_tail(
     windows = _windows(at, target, table.width_s) if target > at else []
     if not windows and not dropped:
         return TailStep(topic, table.active, at, 0, 0, 0, True)
+    if windows:  # a newer version of the topic's subject that extends the rendition's
+        evolution = await evolve_schema(kv, keys, topic)
+        if evolution is not None and evolution.refused is None:
+            record = evolution.record
     decoder = await rendition_decoder(kv, keys, topic, record) if windows else None
     schema = table_schema(decoder)
     ordered = sorted(plan_input.ranges, key=lambda r: r.start_offset)

@@ -5,7 +5,7 @@ entries and clock in etcd, and conversions committed with the library's own run 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import crc32c
@@ -51,11 +51,18 @@ def payload(offset: int) -> bytes:
     return f"order-{offset}".encode()
 
 
-async def _write_object(store: ObjectStore, start: int, end: int) -> ObjectRange:
+def plain_entry(offset: int) -> Entry:
+    """The entry of ``offset`` in the real objects (``payload``, no schema)."""
+    return Entry(payload(offset), producer_name="p", publish_ms=ingest_ms(offset) - 5)
+
+
+async def _write_object(
+    store: ObjectStore, start: int, end: int, entry_of: Callable[[int], Entry] = plain_entry
+) -> ObjectRange:
     """A real ``.bin`` topic object holding offsets ``[start, end)``, and its manifest entry."""
     entries = []
     for offset in range(start, end):
-        entry = Entry(payload(offset), producer_name="p", publish_ms=ingest_ms(offset) - 5)
+        entry = entry_of(offset)
         entry.offset, entry.ingest_ms = offset, ingest_ms(offset)
         entries.append(entry)
     writer = BinWriter("zstd", frame_target_bytes=4096)
@@ -82,17 +89,19 @@ async def publish_topic(
     *,
     extra_ms: int = 0,
     objects: ObjectStore | None = None,
+    entry_of: Callable[[int], Entry] = plain_entry,
 ) -> None:
     """The topic record, ``hours`` hours of manifest ranges (two per hour) and a clock at the
     end of the last one plus ``extra_ms``; with ``objects``, the ranges' real ``.bin``
-    objects written there (else the manifest names objects that do not exist)."""
+    objects written there (else the manifest names objects that do not exist), each offset's
+    entry made by ``entry_of``."""
     await Records(kv, keys).create_topic_if_absent(TopicRecord(TOPIC))
     step = PER_HOUR // 2
     for start in range(0, hours * PER_HOUR, step):
         if objects is None:
             entry = object_range(start, start + step, ingest_ms)
         else:
-            entry = await _write_object(objects, start, start + step)
+            entry = await _write_object(objects, start, start + step, entry_of)
         await kv.put(keys.storage_object(TOPIC, start), entry.encode())
     end = hours * PER_HOUR
     clock = TopicClock(offset=end, ingest_ms=H0 + hours * HOUR + extra_ms, broker="b1", epoch=1)
