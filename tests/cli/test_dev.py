@@ -139,8 +139,10 @@ def test_ctrl_c_stops_broker_then_dagster_then_etcd(tmp_path: Path) -> None:
             "files_intact",
             "iceberg_matches",
             "iceberg_fresh",
+            "partitions_fresh",
             "converted",
         }, parquet
+        assert ("iceberg_tables",) in assets, sorted(assets)
         resources = {
             r["name"]: {v["key"]: json.loads(v["value"]) for v in r["configuredValues"]}
             for r in repository["allTopLevelResourceDetails"]
