@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from danube_ingest.analytics.decode import SchemaDecoder
 
 __all__ = [
+    "DEAD_LETTER_SCHEMA",
     "DECODE_ERROR",
     "FIXED_SCHEMA",
     "RESERVED_NAMES",
@@ -95,6 +96,10 @@ FIXED_SCHEMA = pa.schema(
 DECODE_ERROR = pa.field("decode_error", pa.string())
 """The last column: why the payload did not decode; null when it did or the topic has no
 Avro or JSON Schema."""
+
+DEAD_LETTER_SCHEMA = pa.schema([*FIXED_SCHEMA, DECODE_ERROR])
+"""The columns of dead letters (rows that did not decode, kept apart): the fixed columns, raw
+``payload`` included, and ``decode_error``."""
 
 RESERVED_NAMES = frozenset(
     [*FIXED_SCHEMA.names, DECODE_ERROR.name, "namespace", "topic", "date", "hour", "minute"]

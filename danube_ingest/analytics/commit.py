@@ -306,7 +306,13 @@ def _committed(root: str, token: str, info: FileInfo) -> CommittedFile:
     if staging_path(root, token, final) != info.path:
         raise ValueError(f"{info.path!r} was not staged by run {token}")
     return CommittedFile(
-        final, info.size, info.rows, info.first_offset, info.last_offset, info.crc32c
+        final,
+        info.size,
+        info.rows,
+        info.first_offset,
+        info.last_offset,
+        info.crc32c,
+        info.dead_letters,
     )
 
 

@@ -51,6 +51,7 @@ from danube_ingest.analytics.layout import (
     DEFAULT_ROOT,
     DEFAULT_WIDTH_S,
     check_root,
+    dead_letters_of,
     partition_dir,
     partition_end,
     partition_start,
@@ -215,6 +216,8 @@ class _Task:
     parts: tuple[ReadPart, ...]
     staged_dir: str
     decoder: SchemaDecoder | None
+    dead_letters_dir: str | None = None
+    """Where rows that do not decode are staged apart (a rendition with ``dead_letters``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +245,11 @@ async def _stage(objects: ObjectStore, warehouse: ObjectStore, task: _Task) -> _
         for part in task.parts:
             batches.extend([b async for b in aread_part(objects, part, decoder=task.decoder)])
         files = await write_partition(
-            warehouse, task.staged_dir, batches, table_schema(task.decoder)
+            warehouse,
+            task.staged_dir,
+            batches,
+            table_schema(task.decoder),
+            dead_letters=task.dead_letters_dir,
         )
     except DanubeIngestError as exc:
         return _Staged(task.start_ms, error=str(exc), retriable=bool(exc.retriable))
@@ -315,10 +322,11 @@ def first_since(plan_input: PlanInput, width_s: int) -> int:
 
 
 async def _ensure_rendition(
-    kv: KV, keys: Keys, topic: str, width_s: int, plan_input: PlanInput
+    kv: KV, keys: Keys, topic: str, width_s: int, plan_input: PlanInput, dead_letters: bool
 ) -> str:
-    """The table's active rendition, creating the table and ``r1`` (and activating it) first
-    when absent. Safe against concurrent runs: creations are compare-and-swaps."""
+    """The table's active rendition, creating the table and ``r1`` (with ``dead_letters``) and
+    activating it first when absent. Safe against concurrent runs: creations are
+    compare-and-swaps."""
     table = await read_table(kv, keys, topic)
     if table is None:
         table = await create_table(
@@ -328,7 +336,14 @@ async def _ensure_rendition(
         return table.active
     tables = TableKeys(keys, topic)
     converter_version, schema_ref = await current_conversion(kv, keys, topic)
-    record = RenditionRecord(converter_version, schema_ref, _now_ms(), "building", table.since_ms)
+    record = RenditionRecord(
+        converter_version,
+        schema_ref,
+        _now_ms(),
+        "building",
+        table.since_ms,
+        dead_letters=dead_letters,
+    )
     key = tables.rendition(FIRST_RENDITION)
     created = await kv.txn([Compare.absent(key)], [Put(key, record.encode())])
     if created.succeeded:
@@ -344,11 +359,19 @@ async def _ensure_rendition(
     return activated.active
 
 
-async def ensure_table(kv: KV, keys: Keys, topic: str, *, width_s: int = DEFAULT_WIDTH_S) -> str:
+async def ensure_table(
+    kv: KV,
+    keys: Keys,
+    topic: str,
+    *,
+    width_s: int = DEFAULT_WIDTH_S,
+    dead_letters: bool = False,
+) -> str:
     """The active rendition of ``topic``'s table, creating the table (``width_s`` wide, from
-    the partition of the topic's first ingest time) and ``r1`` when absent, as a first
-    conversion run does; converts nothing."""
-    return await _ensure_rendition(kv, keys, topic, width_s, await read_plan_input(kv, keys, topic))
+    the partition of the topic's first ingest time) and ``r1`` (with ``dead_letters``) when
+    absent, as a first conversion run does; converts nothing."""
+    plan_input = await read_plan_input(kv, keys, topic)
+    return await _ensure_rendition(kv, keys, topic, width_s, plan_input, dead_letters)
 
 
 async def _committed(kv: KV, keys: Keys, topic: str, rendition: str) -> dict[int, PartitionCommit]:
@@ -493,7 +516,8 @@ async def convert(
             "object stores (StoreSpec.from_config for the daemon's store)"
         )
     plan_input = await read_plan_input(kv, keys, topic)
-    active = await _ensure_rendition(kv, keys, topic, width_s, plan_input)
+    dead_letters = iceberg is not None and iceberg.dead_letters
+    active = await _ensure_rendition(kv, keys, topic, width_s, plan_input, dead_letters)
     name = rendition or active
     if name == active:  # a newer version of the topic's subject that extends the rendition's
         await evolve_schema(kv, keys, topic)
@@ -532,12 +556,14 @@ async def convert(
                             end_ms=p.end_ms,
                         )
                     ),
-                    intent.staging_path(
-                        root, f"{root}{partition_dir(name, topic, p.start_ms, table.width_s)}"
-                    ),
+                    intent.staging_path(root, f"{root}{final}"),
                     decoder,
+                    intent.staging_path(root, dead_letters_of(root, f"{root}{final}"))
+                    if record.dead_letters
+                    else None,
                 )
                 for p in todo
+                for final in [partition_dir(name, topic, p.start_ms, table.width_s)]
             ]
             staged: dict[int, _Staged] = {}
             remote = [t for t in tasks if t.parts] if engine == "spark" else []

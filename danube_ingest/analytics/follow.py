@@ -50,7 +50,15 @@ async def tail_round(
     for topic in topics if topics is not None else await topics_with_manifest(kv, keys):
         try:
             step = await extend_tail(
-                kv, keys, topic, store, store, root=root, step_s=step_s, create=True
+                kv,
+                keys,
+                topic,
+                store,
+                store,
+                root=root,
+                step_s=step_s,
+                create=True,
+                dead_letters=target.dead_letters,
             )
             if step is not None and step.recorded and (step.added or step.dropped):
                 await publish(kv, keys, topic, target)

@@ -39,7 +39,7 @@ import itertools
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -47,10 +47,10 @@ from urllib.parse import unquote, urlsplit
 import pyarrow as pa
 
 from danube_ingest.analytics.checks import CheckFinding
-from danube_ingest.analytics.columns import table_schema
+from danube_ingest.analytics.columns import DEAD_LETTER_SCHEMA, table_schema
 from danube_ingest.analytics.errors import AnalyticsError
 from danube_ingest.analytics.evolve import WIDENINGS
-from danube_ingest.analytics.layout import topic_prefix, topic_subdir
+from danube_ingest.analytics.layout import dead_letters_of, topic_prefix, topic_subdir
 from danube_ingest.analytics.records import (
     PartitionCommit,
     RenditionRecord,
@@ -140,6 +140,17 @@ def identifier(topic: str) -> tuple[str, str]:
     return split_topic(topic)
 
 
+#: Appended to a topic's table name for the table of its dead letters.
+DEAD_LETTERS_SUFFIX = "__dlq"
+
+
+def dead_letters_identifier(topic: str) -> tuple[str, str]:
+    """The Iceberg ``(namespace, table)`` of a topic's dead letters: ``/default/orders`` has
+    ``("default", "orders__dlq")``."""
+    namespace, name = split_topic(topic)
+    return namespace, f"{name}{DEAD_LETTERS_SUFFIX}"
+
+
 def _sqlite_path(uri: str) -> str | None:
     """The file of a ``sqlite:///path`` URL (None for any other database)."""
     if not uri.startswith("sqlite:///"):
@@ -161,6 +172,9 @@ class IcebergTarget:
     location: str
     """URI prefix of the object store: a file's key appended to it is the file's URI."""
     properties: Mapping[str, str] = field(default_factory=dict)
+    dead_letters: bool = False
+    """Renditions created for this deployment keep rows that do not decode apart, in the
+    ``<topic>__dlq`` table (``iceberg.dead_letters: table``)."""
     _catalog: Any = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
@@ -198,6 +212,7 @@ class IcebergTarget:
             ice.warehouse or f"{location}iceberg",
             location,
             properties,
+            ice.dead_letters == "table",
         )
 
     def uri_of(self, key: str) -> str:
@@ -295,6 +310,13 @@ class _Wanted:
     revision: int
     """The etcd revision of the table record read (every change of its active rendition,
     since or upper writes it): orders publishers' views of the table."""
+    dead_letters: _Wanted | None = None
+    """What the ``<topic>__dlq`` table holds: the dead-letter files of the same partitions and
+    tail (none when the rendition keeps such rows in the table)."""
+    keeps_apart: bool = False
+    """The rendition keeps rows that do not decode apart (``RenditionRecord.dead_letters``):
+    the ``__dlq`` table is created if absent (otherwise only an existing one is published,
+    emptied)."""
 
 
 async def _wanted(kv: KV, keys: Keys, topic: str, target: IcebergTarget) -> _Wanted | None:
@@ -312,11 +334,12 @@ async def _wanted(kv: KV, keys: Keys, topic: str, target: IcebergTarget) -> _Wan
     since, frontier = table.since_ms, max(record.upper_ms, table.since_ms)
     entries = await kv.get_prefix(TableKeys(keys, topic).parts_prefix(table.active))
     files: dict[str, PartitionCommit] = {}
+    dead: dict[str, PartitionCommit] = {}
     for entry in entries:
         commit = PartitionCommit.decode(entry.value, entry.key)
         if since <= commit.start_ms < frontier:
             for f in commit.files:
-                files[target.uri_of(f.path)] = commit
+                (dead if f.dead_letters else files)[target.uri_of(f.path)] = commit
     # The tail (tail.py): the entries past the partitions, up to its end.
     tail, _revision = await read_tail(kv, keys, topic)
     for piece in wanted_pieces(tail, table.active, frontier):
@@ -335,13 +358,13 @@ async def _wanted(kv: KV, keys: Keys, topic: str, target: IcebergTarget) -> _Wan
             True,
         )
         for f in piece.files:
-            files[target.uri_of(f.path)] = as_commit
+            (dead if f.dead_letters else files)[target.uri_of(f.path)] = as_commit
         frontier = piece.end_ms
     decoder = await rendition_decoder(kv, keys, topic, record)
     # Top-level columns are optional in the catalog: a file may then lack a column a later
     # schema added (read as null), and the Parquet's required columns still match.
     schema = pa.schema([f.with_nullable(True) for f in table_schema(decoder)])
-    return _Wanted(
+    main = _Wanted(
         table.active,
         since,
         frontier,
@@ -350,10 +373,19 @@ async def _wanted(kv: KV, keys: Keys, topic: str, target: IcebergTarget) -> _Wan
         files,
         stored.mod_revision,
     )
+    letters = pa.schema([f.with_nullable(True) for f in DEAD_LETTER_SCHEMA])
+    return replace(
+        main,
+        dead_letters=replace(main, schema=letters, files=dead),
+        keeps_apart=record.dead_letters,
+    )
 
 
-def _create(catalog: Catalog, ident: tuple[str, str], schema: pa.Schema) -> Table:
-    """The table, created (with its partition spec, sort order and name mapping) if absent."""
+def _create(
+    catalog: Catalog, ident: tuple[str, str], schema: pa.Schema, *, create: bool = True
+) -> Table | None:
+    """The table, created (with its partition spec, sort order and name mapping) if absent
+    (``create=False``: None then)."""
     from pyiceberg.exceptions import (
         NamespaceAlreadyExistsError,
         NoSuchTableError,
@@ -365,6 +397,8 @@ def _create(catalog: Catalog, ident: tuple[str, str], schema: pa.Schema) -> Tabl
     try:
         table = catalog.load_table(ident)
     except NoSuchTableError:
+        if not create:
+            return None
         with contextlib.suppress(NamespaceAlreadyExistsError):
             catalog.create_namespace(ident[0])
         try:
@@ -464,15 +498,19 @@ def _behind(table: Table, wanted: _Wanted) -> bool:
     return revision > wanted.revision
 
 
-def _publish_once(catalog: Catalog, topic: str, wanted: _Wanted) -> PublishResult | None:
+def _publish_once(
+    catalog: Catalog, topic: str, wanted: _Wanted, ident: tuple[str, str], create: bool
+) -> PublishResult | None:
     """One attempt: the difference committed as one snapshot; None when the commit failed
     because the table moved (recompute)."""
     from pyiceberg.exceptions import CommitFailedException
     from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
-    ident = identifier(topic)
     name = ".".join((catalog.name, *ident))
-    table = _create(catalog, ident, wanted.schema)
+    found = _create(catalog, ident, wanted.schema, create=create)
+    if found is None:
+        return PublishResult(name, None, 0, 0, wanted.frontier_ms)
+    table = found
     if _behind(table, wanted):
         # Another publisher already committed a newer view of the table: never go back.
         return PublishResult(name, None, 0, 0, wanted.frontier_ms)
@@ -524,14 +562,20 @@ def _schema_grows(current: pa.Schema, wanted: pa.Schema) -> bool:
     return False
 
 
-def _publish_sync(target: IcebergTarget, topic: str, wanted: _Wanted) -> PublishResult:
+def _publish_sync(
+    target: IcebergTarget,
+    topic: str,
+    wanted: _Wanted,
+    ident: tuple[str, str],
+    create: bool = True,
+) -> PublishResult:
     from pyiceberg.exceptions import CommitStateUnknownException
 
     catalog = target.catalog()
     last: BaseException | None = None
     for _ in range(MAX_ATTEMPTS):
         try:
-            result = _publish_once(catalog, topic, wanted)
+            result = _publish_once(catalog, topic, wanted, ident, create)
         except CommitStateUnknownException as exc:
             # Applied or not: the next attempt reads the table again and adds only what is
             # not in it.
@@ -550,13 +594,25 @@ def _publish_sync(target: IcebergTarget, topic: str, wanted: _Wanted) -> Publish
 
 async def publish(kv: KV, keys: Keys, topic: str, target: IcebergTarget) -> PublishResult | None:
     """Make ``topic``'s Iceberg table hold exactly its active rendition's files in
-    ``[since, upper)`` (module docstring); None when the topic has no active table yet.
-    Raises :class:`IcebergPublishError`."""
+    ``[since, upper)`` (module docstring), and its ``__dlq`` table their dead letters (created
+    when the rendition keeps them apart; an existing one is emptied when the active rendition
+    keeps them in the table); None when the topic has no active table yet. The result is the
+    topic's table's. Raises :class:`IcebergPublishError`."""
     wanted = await _wanted(kv, keys, topic, target)
     if wanted is None:
         return None
     try:
-        return await asyncio.to_thread(_publish_sync, target, topic, wanted)
+        result = await asyncio.to_thread(_publish_sync, target, topic, wanted, identifier(topic))
+        if wanted.dead_letters is not None:
+            await asyncio.to_thread(
+                _publish_sync,
+                target,
+                topic,
+                wanted.dead_letters,
+                dead_letters_identifier(topic),
+                wanted.keeps_apart,
+            )
+        return result
     except IcebergPublishError:
         raise
     except (OSError, ConnectionError) as exc:
@@ -682,20 +738,24 @@ def _referenced(table: Table) -> set[str]:
 
 
 async def held_keys(target: IcebergTarget, topic: str) -> set[str]:
-    """The object store keys of the data files some snapshot of ``topic``'s Iceberg table
-    holds (empty when it has no table): what time travel may still read."""
+    """The object store keys of the data files some snapshot of ``topic``'s Iceberg table (or
+    of its ``__dlq`` table) holds (empty when it has no table): what time travel may still
+    read."""
     from pyiceberg.exceptions import NoSuchTableError
 
     def read() -> set[str]:
-        try:
-            table = target.catalog().load_table(identifier(topic))
-        except NoSuchTableError:
-            return set()
-        return {
-            uri[len(target.location) :]
-            for uri in _referenced_data(table, uris=True)
-            if uri.startswith(target.location)
-        }
+        found: set[str] = set()
+        for ident in (identifier(topic), dead_letters_identifier(topic)):
+            try:
+                table = target.catalog().load_table(ident)
+            except NoSuchTableError:
+                continue
+            found.update(
+                uri[len(target.location) :]
+                for uri in _referenced_data(table, uris=True)
+                if uri.startswith(target.location)
+            )
+        return found
 
     return await asyncio.to_thread(read)
 
@@ -741,21 +801,20 @@ def _sweep(
     return deleted, size
 
 
-def _maintain_sync(
-    target: IcebergTarget,
-    topic: str,
+def _tidy(
+    catalog: Catalog,
+    ident: tuple[str, str],
     *,
     max_snapshot_age_s: float,
     min_snapshots: int,
-    orphan_grace_s: float,
     now_ms: int,
-    tails: tuple[list[tuple[str, str]], set[str]] | None = None,
-) -> MaintenanceResult | None:
+    grace_ns: int,
+) -> tuple[Table, int, int, int, int] | None:
+    """Expire one table's old snapshots and delete its orphan metadata: the table as it is
+    then, snapshots expired and kept, files and bytes deleted; None when it does not exist."""
     from pyiceberg.exceptions import NoSuchTableError
     from pyiceberg.io.pyarrow import PyArrowFileIO
 
-    catalog = target.catalog()
-    ident = identifier(topic)
     name = ".".join((catalog.name, *ident))
     try:
         table = catalog.load_table(ident)
@@ -783,17 +842,55 @@ def _maintain_sync(
     # Orphan metadata: files under the table's metadata directory that nothing reaches.
     if not isinstance(table.io, PyArrowFileIO):
         log.warning("iceberg maintenance skips orphan files table=%s io=%s", name, table.io)
-        return MaintenanceResult(name, len(expired), len(newest) - len(expired), 0, 0)
+        return table, len(expired), len(newest) - len(expired), 0, 0
     scheme, netloc, root = PyArrowFileIO.parse_location(table.location())
     filesystem = table.io.fs_by_scheme(scheme, netloc)
-    keep = _referenced(table)
+    deleted, size = _sweep(filesystem, f"{root.rstrip('/')}/metadata", _referenced(table), grace_ns)
+    return table, len(expired), len(newest) - len(expired), deleted, size
+
+
+def _maintain_sync(
+    target: IcebergTarget,
+    topic: str,
+    *,
+    max_snapshot_age_s: float,
+    min_snapshots: int,
+    orphan_grace_s: float,
+    now_ms: int,
+    tails: tuple[list[tuple[str, str]], set[str]] | None = None,
+) -> MaintenanceResult | None:
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    catalog = target.catalog()
+    name = ".".join((catalog.name, *identifier(topic)))
     grace_ns = (now_ms - round(orphan_grace_s * 1000)) * 1_000_000
-    deleted, deleted_bytes = _sweep(filesystem, f"{root.rstrip('/')}/metadata", keep, grace_ns)
-    if tails is not None:
-        # Data files only old snapshots held: tail pieces (tail.py) the tail record no longer
-        # lists, and the files collection left behind in collected renditions.
+    tidied = [
+        _tidy(
+            catalog,
+            ident,
+            max_snapshot_age_s=max_snapshot_age_s,
+            min_snapshots=min_snapshots,
+            now_ms=now_ms,
+            grace_ns=grace_ns,
+        )
+        for ident in (identifier(topic), dead_letters_identifier(topic))
+    ]
+    if tidied[0] is None:
+        return None
+    done = [t for t in tidied if t is not None]
+    expired = sum(t[1] for t in done)
+    kept = sum(t[2] for t in done)
+    deleted = sum(t[3] for t in done)
+    deleted_bytes = sum(t[4] for t in done)
+    table = done[0][0]
+    if tails is not None and isinstance(table.io, PyArrowFileIO):
+        # Data files only old snapshots held (of the table or of its dead letters' table):
+        # tail pieces (tail.py) the tail record no longer lists, and the files collection left
+        # behind in collected renditions.
         directories, listed = tails
-        held = _referenced_data(table) | {PyArrowFileIO.parse_location(u)[2] for u in listed}
+        held = {PyArrowFileIO.parse_location(u)[2] for u in listed}
+        for t in done:
+            held |= _referenced_data(t[0])
         for directory, marker in directories:
             d_scheme, d_netloc, d_root = PyArrowFileIO.parse_location(directory)
             count, size = _sweep(
@@ -803,10 +900,10 @@ def _maintain_sync(
     log.info(
         "iceberg table maintained table=%s snapshots_expired=%d files_deleted=%d",
         name,
-        len(expired),
+        expired,
         deleted,
     )
-    return MaintenanceResult(name, len(expired), len(newest) - len(expired), deleted, deleted_bytes)
+    return MaintenanceResult(name, expired, kept, deleted, deleted_bytes)
 
 
 async def maintain(
@@ -851,7 +948,9 @@ async def maintain(
                 record = RenditionRecord.decode(entry.value, entry.key)
                 if record.state == "collected":
                     rendition = entry.key[len(tables.renditions_prefix()) :]
-                    directories.append((target.uri_of(topic_prefix(root, rendition, topic)), ""))
+                    prefix = topic_prefix(root, rendition, topic)
+                    directories.append((target.uri_of(prefix), ""))
+                    directories.append((target.uri_of(dead_letters_of(root, prefix)), ""))
         swept = (directories, listed)
     try:
         return await asyncio.to_thread(

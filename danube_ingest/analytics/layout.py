@@ -39,6 +39,7 @@ __all__ = [
     "PartitionPath",
     "check_root",
     "check_width",
+    "dead_letters_of",
     "file_name",
     "final_of_staging",
     "final_path",
@@ -60,13 +61,16 @@ DEFAULT_ROOT = "warehouse/"
 """The warehouse prefix in the object store unless configured otherwise."""
 STAGING_DIR = "_staging"
 """Below the root: where runs stage their files (``_``: ignored by Spark's discovery)."""
+DEAD_LETTERS_DIR = "_dead_letters"
+"""Below the root: the dead-letter files of renditions that keep rows which do not decode
+apart (``dead_letters``), in the same layout as the table's own files."""
 
 #: Characters Hive/Spark escape in partition directory values (ExternalCatalogUtils), plus
 #: controls: escaping them the same way makes Spark's discovery return the names unchanged.
 _ESCAPED = frozenset("\"#%'*/:=?\\{[]^") | frozenset(chr(c) for c in (*range(0x20), 0x7F))
 _RENDITION = re.compile(r"r([1-9][0-9]{0,8})")
 _PATH = re.compile(
-    r"(?:_staging/(?P<token>[^/]+)/)?(?P<rendition>r[1-9][0-9]*)/"
+    r"(?:_staging/(?P<token>[^/]+)/)?(?P<dead>_dead_letters/)?(?P<rendition>r[1-9][0-9]*)/"
     r"namespace=(?P<ns>[^/]+)/topic=(?P<topic>[^/]+)/"
     r"date=(?P<date>\d{4}-\d{2}-\d{2})/hour=(?P<hour>\d{2})/(?:minute=(?P<minute>\d{2})/)?"
     r"part-(?P<first>\d{20})-(?P<last>\d{20})\.parquet"
@@ -172,6 +176,15 @@ def file_name(first: int, last: int) -> str:
     return f"part-{first:020d}-{last:020d}.parquet"
 
 
+def dead_letters_of(root: str, final: str) -> str:
+    """Where the dead letters of the table's file or directory ``final`` (below ``root``)
+    go: the same path below ``{root}_dead_letters/``."""
+    root = check_root(root)
+    if not final.startswith(root):
+        raise InvalidLayoutError(f"{final!r} is not below the warehouse root {root!r}")
+    return f"{root}{DEAD_LETTERS_DIR}/{final[len(root) :]}"
+
+
 def rendition_prefix(root: str, rendition: str) -> str:
     """Every final file of ``rendition`` starts with this."""
     parse_rendition(rendition)
@@ -227,6 +240,8 @@ class PartitionPath:
     last_offset: int
     token: str | None
     """The staging run's token, ``None`` for a final file."""
+    dead_letters: bool = False
+    """A dead-letter file (below ``_dead_letters/``)."""
 
 
 def parse_path(root: str, path: str) -> PartitionPath:
@@ -257,4 +272,5 @@ def parse_path(root: str, path: str) -> PartitionPath:
         first_offset=first,
         last_offset=last,
         token=match["token"],
+        dead_letters=match["dead"] is not None,
     )

@@ -91,12 +91,15 @@ class CollectResult:
         }
 
 
-async def new_rendition(kv: KV, keys: Keys, topic: str) -> str:
+async def new_rendition(kv: KV, keys: Keys, topic: str, *, dead_letters: bool = False) -> str:
     """Create the next rendition of ``topic``'s table (state ``building``, its frontier at the
-    table's ``since``) for this converter and the topic's current decode schema; returns its
-    name. ``RenditionError`` if the topic has no table yet (convert it once first)."""
+    table's ``since``) for this converter and the topic's current decode schema (and
+    ``dead_letters``: rows that do not decode kept apart); returns its name.
+    ``RenditionError`` if the topic has no table yet (convert it once first)."""
     converter_version, schema_ref = await current_conversion(kv, keys, topic)
-    return await create_rendition(kv, keys, topic, converter_version, schema_ref)
+    return await create_rendition(
+        kv, keys, topic, converter_version, schema_ref, dead_letters=dead_letters
+    )
 
 
 async def collect(

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from danube_ingest.analytics.columns import DEAD_LETTER_SCHEMA, DECODE_ERROR
 from danube_ingest.analytics.errors import PartitionDataError
 from danube_ingest.analytics.layout import file_name
 from danube_ingest.objects.store import ObjectStore
@@ -61,6 +62,8 @@ class FileInfo:
     last_offset: int
     crc32c: int
     """CRC32C of the file's bytes."""
+    dead_letters: bool = False
+    """Holds rows that did not decode (``write_partition``'s ``dead_letters``)."""
 
 
 def encode_parquet(table: pa.Table) -> bytes:
@@ -126,18 +129,42 @@ async def write_partition(
     *,
     max_rows: int = MAX_FILE_ROWS,
     max_bytes: int = MAX_FILE_BYTES,
+    dead_letters: str | None = None,
 ) -> list[FileInfo]:
     """Write the rows of one partition as Parquet files under ``directory`` (ending with ``/``).
 
     Returns the files in offset order: none for no rows, one unless the bounds are exceeded
     (see the module docstring). Each file is written with one ``put``; an existing object under
     the same key is replaced (its name says it holds the same offsets).
+
+    ``dead_letters``: a directory for the rows whose ``decode_error`` is set (with the fixed
+    columns and ``decode_error`` only: ``DEAD_LETTER_SCHEMA``), written the same way after the
+    others (``FileInfo.dead_letters``); the table's files then hold only rows that decoded.
     """
     if not directory.endswith("/"):
         raise ValueError(f"directory must end with '/' (got {directory!r})")
     if max_rows < 1 or max_bytes < 1:
         raise ValueError(f"max_rows and max_bytes must be >= 1 (got {max_rows}, {max_bytes})")
     table = _sorted_rows(batches, schema, directory)
+    if dead_letters is None:
+        return await _write(store, directory, table, max_rows, max_bytes, False)
+    if not dead_letters.endswith("/"):
+        raise ValueError(f"dead_letters must end with '/' (got {dead_letters!r})")
+    failed = pc.is_valid(table.column(DECODE_ERROR.name))
+    good = table.filter(pc.invert(failed))
+    bad = table.filter(failed).select(DEAD_LETTER_SCHEMA.names).cast(DEAD_LETTER_SCHEMA)
+    files = await _write(store, directory, good, max_rows, max_bytes, False)
+    return files + await _write(store, dead_letters, bad, max_rows, max_bytes, True)
+
+
+async def _write(
+    store: ObjectStore,
+    directory: str,
+    table: pa.Table,
+    max_rows: int,
+    max_bytes: int,
+    dead_letters: bool,
+) -> list[FileInfo]:
     files: list[FileInfo] = []
     for piece in _cuts(table, max_rows, max_bytes):
         offsets = piece.column("offset")
@@ -145,5 +172,9 @@ async def write_partition(
         data = await asyncio.to_thread(encode_parquet, piece)
         path = f"{directory}{file_name(first, last)}"
         await store.put(path, data)
-        files.append(FileInfo(path, len(data), piece.num_rows, first, last, crc32c.crc32c(data)))
+        files.append(
+            FileInfo(
+                path, len(data), piece.num_rows, first, last, crc32c.crc32c(data), dead_letters
+            )
+        )
     return files

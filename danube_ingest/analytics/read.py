@@ -122,6 +122,7 @@ async def _arrow(store: ObjectStore, selection: _Selection) -> pa.Table:
         pq.read_table(io.BytesIO(await store.get(f.path)))
         for c in selection.partitions
         for f in c.files
+        if not f.dead_letters  # (in the __dlq Iceberg table, not the topic's)
     ]
     if not tables:
         return selection.schema.empty_table()
@@ -187,7 +188,7 @@ async def open_topic(
 
 
 async def _build(spark: SparkSession, spec: StoreSpec, selection: _Selection) -> DataFrame:
-    paths = [f.path for c in selection.partitions for f in c.files]
+    paths = [f.path for c in selection.partitions for f in c.files if not f.dead_letters]
     data = None
     if _fs_root(spec) is None or not paths:
         if paths:

@@ -86,6 +86,9 @@ class RenditionRecord(_Record):
     published. Never decreases."""
     holds: int = 0
     """Bumped by each new reader hold, so a collection racing a new hold fails its CAS."""
+    dead_letters: bool = False
+    """Rows whose payload does not decode go to dead-letter files (``CommittedFile``) instead
+    of the table's files (fixed when the rendition is created: ``iceberg.dead_letters``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,10 @@ class CommittedFile:
     last_offset: int
     crc32c: int
     """CRC32C of the whole file: a published copy is checked against it."""
+    dead_letters: bool = False
+    """A file of the partition's dead letters (rows that do not decode, kept apart by a
+    rendition with ``dead_letters``), below ``_dead_letters/``: in the ``<topic>__dlq``
+    Iceberg table, not the topic's."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from danube_ingest.analytics.errors import RenditionError, RenditionHeldError
 from danube_ingest.analytics.layout import (
     DEFAULT_WIDTH_S,
     check_width,
+    dead_letters_of,
     parse_rendition,
     partition_start,
     rendition_name,
@@ -117,9 +118,11 @@ async def create_rendition(
     schema_ref: str = "",
     *,
     now_ms: int | None = None,
+    dead_letters: bool = False,
 ) -> str:
     """Create the next rendition (``r{N+1}``) of the topic's table, state ``building``, its
-    frontier at the table's ``since``; returns its name."""
+    frontier at the table's ``since`` (``dead_letters``: rows that do not decode go to
+    dead-letter files); returns its name."""
     tables = TableKeys(keys, topic)
     while True:
         read = await kv.txn([], [Get(tables.table()), Get(tables.renditions_prefix(), True)])
@@ -139,6 +142,7 @@ async def create_rendition(
             _now_ms() if now_ms is None else now_ms,
             "building",
             table.since_ms,
+            dead_letters=dead_letters,
         )
         result = await kv.txn(
             [Compare.absent(tables.rendition(name))], [Put(tables.rendition(name), record.encode())]
@@ -335,7 +339,9 @@ async def collect_rendition(
             break
     # No commit, no hold can be added now (both check the record), so deleting is safe.
     deleted = 0
-    for path in await store.list(topic_prefix(root, rendition, topic)):
+    prefix = topic_prefix(root, rendition, topic)
+    listed = await store.list(prefix) + await store.list(dead_letters_of(root, prefix))
+    for path in listed:
         if path in keep:
             continue
         await store.delete(path)

@@ -206,11 +206,13 @@ async def extend_tail(
     root: str,
     step_s: float = DEFAULT_STEP_S,
     create: bool = False,
+    dead_letters: bool = False,
 ) -> TailStep | None:
     """Write the entries past the tail's end up to the last multiple of ``step_s`` the topic
     clock has passed, and record them (module docstring). None when the topic has no active
-    table (``create``: the table is created first, as a first conversion run would). Raises
-    :class:`TailError`."""
+    table (``create``: the table is created first, as a first conversion run would, its first
+    rendition with ``dead_letters``). Rows that do not decode go to dead-letter files beside
+    the piece's when the rendition keeps them apart. Raises :class:`TailError`."""
     from danube_ingest.analytics.convert import ensure_table, rendition_decoder
     from danube_ingest.analytics.evolve import evolve_schema
 
@@ -221,7 +223,7 @@ async def extend_tail(
     read = await kv.txn([], [Get(tables.table()), Get(key)])
     table_kv, tail_kv = read.kv(0), read.kv(1)
     if create and (table_kv is None or TableRecord.decode(table_kv.value, "").active is None):
-        await ensure_table(kv, keys, topic)
+        await ensure_table(kv, keys, topic, dead_letters=dead_letters)
         read = await kv.txn([], [Get(tables.table()), Get(key)])
         table_kv, tail_kv = read.kv(0), read.kv(1)
     if table_kv is None:
@@ -274,14 +276,22 @@ async def extend_tail(
                 batches = [
                     b for part in parts async for b in aread_part(objects, part, decoder=decoder)
                 ]
-                written = await write_partition(warehouse, directory, batches, schema)
+                written = await write_partition(
+                    warehouse,
+                    directory,
+                    batches,
+                    schema,
+                    dead_letters=f"{directory}dead_letters/" if record.dead_letters else None,
+                )
             except DanubeIngestError as exc:
                 raise TailError(
                     f"the tail of {topic} could not be written for [{start}, {end}): {exc}",
                     retriable=bool(exc.retriable),
                 ) from exc
             files = [
-                CommittedFile(f.path, f.size, f.rows, f.first_offset, f.last_offset, f.crc32c)
+                CommittedFile(
+                    f.path, f.size, f.rows, f.first_offset, f.last_offset, f.crc32c, f.dead_letters
+                )
                 for f in written
             ]
             rows += sum(f.rows for f in written)

@@ -151,6 +151,13 @@ def register(commands: Any) -> None:
     )
     _common(cmd)
     cmd.add_argument("--topic", required=True, help="the topic, /namespace/topic")
+    cmd.add_argument(
+        "--dead-letters",
+        choices=("keep", "table"),
+        default=None,
+        help="rows whose payload does not decode: keep them in the table, or put them in the "
+        "<topic>__dlq table (default: the configuration's iceberg.dead_letters)",
+    )
     cmd.set_defaults(handler=_rendition)
     text = "hand a topic's readers over to a rendition (one etcd transaction)"
     cmd = sub.add_parser(
@@ -283,6 +290,7 @@ async def _show(kv: EtcdKV, keys: Keys, topic: str, *, always: bool) -> int:
         print(
             f"  rendition {name}: {record.state}, upper {_iso(record.upper_ms)}, converter "
             f"{record.converter_version}, schema {record.schema_ref or '-'}, "
+            f"dead letters {'table' if record.dead_letters else 'kept'}, "
             f"readers {holds.get(name, 0)}"
         )
         parts = await kv.get_prefix(tables.parts_prefix(name))
@@ -504,7 +512,8 @@ async def _rendition_async(args: argparse.Namespace) -> int:
     config, endpoints, keys = _config(args)
     kv = await _connect(config, endpoints)
     try:
-        name = await new_rendition(kv, keys, args.topic)
+        choice = args.dead_letters or config.iceberg.dead_letters
+        name = await new_rendition(kv, keys, args.topic, dead_letters=choice == "table")
     except RenditionError as exc:
         print(f"danube-ingest: cannot create a rendition: {exc}", file=sys.stderr)
         return 1

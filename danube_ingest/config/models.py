@@ -993,6 +993,16 @@ class IcebergConfig(_Section):
             "complete partitions only)."
         ),
     )
+    dead_letters: Literal["keep", "table"] = Field(
+        default="keep",
+        description=(
+            "Rows whose payload does not decode: `keep` them in the topic's table (raw "
+            "`payload`, null decoded columns, the reason in `decode_error`); `table`: in a "
+            "table of their own, `<topic>__dlq` (same columns but the decoded ones), so the "
+            "topic's table holds only rows that decoded. Fixed per rendition when it is created "
+            "(the table's first conversion, or `tables rendition`) (docs/iceberg.md#dead-letters)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_uri(self) -> IcebergConfig:

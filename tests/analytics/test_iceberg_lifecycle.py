@@ -26,6 +26,7 @@ from danube_ingest.analytics.iceberg import (
     _wanted,
     check_table,
     freshness,
+    identifier,
     maintain,
     publish,
 )
@@ -156,7 +157,7 @@ async def test_handover_collection_and_since(
     assert offsets(found) == list(range(300))
     # The slow publisher commits its older view only now: it must not bring r1 (whose files
     # are gone) back.
-    late = await asyncio.to_thread(_publish_sync, found, TOPIC, stale)
+    late = await asyncio.to_thread(_publish_sync, found, TOPIC, stale, identifier(TOPIC))
     assert late.snapshot_id is None
     assert all(f"/{r2}/" in path for path in file_paths(found))
     assert offsets(found) == list(range(300))

@@ -258,6 +258,12 @@ def test_rendition_activate_collect_through_the_cli(
 
     assert asyncio.run(state("r1")) == "collected"
     assert asyncio.run(state("r2")) == "active"
+    # A rendition that keeps rows which do not decode apart (docs/iceberg.md#dead-letters).
+    assert run("rendition", "--topic", TOPIC, "--dead-letters", "table")[:2] == (0, "r3\n")
+    code, out, _ = run("--topic", TOPIC)
+    lines = {line.split(":")[0].strip(): line for line in out.splitlines() if "rendition r" in line}
+    assert code == 0 and "dead letters table" in lines["rendition r3"], out
+    assert "dead letters kept" in lines["rendition r2"], out
 
 
 def test_lifecycle_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
