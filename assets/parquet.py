@@ -737,11 +737,13 @@ def parquet_collect() -> None:
 
 
 @op(
-    description="Expires each Iceberg table's snapshots older than max_snapshot_age (never the "
-    "current one nor the newest min_snapshots) and deletes its metadata files nothing "
-    "references, once older than orphan_grace (danube_ingest.analytics.iceberg.maintain).",
+    description="Expires each Iceberg table's snapshots older than max_snapshot_age, and its "
+    "tail-only snapshots older than max_tail_snapshot_age (never the current one nor the newest "
+    "min_snapshots), and deletes its metadata files nothing references, once older than "
+    "orphan_grace (danube_ingest.analytics.iceberg.maintain).",
     config_schema={
         "max_snapshot_age": Field(str, default_value="5d"),
+        "max_tail_snapshot_age": Field(str, default_value="1h"),
         "min_snapshots": Field(int, default_value=MIN_SNAPSHOTS),
         "orphan_grace": Field(str, default_value="1h"),
     },
@@ -755,6 +757,7 @@ def maintain_iceberg(
     config = context.op_config
     try:
         max_age = parse_duration(config["max_snapshot_age"])
+        max_tail_age = parse_duration(config["max_tail_snapshot_age"])
         grace = parse_duration(config["orphan_grace"])
     except (ConfigError, ValueError) as exc:
         raise Failure(f"iceberg_maintenance config: {exc}") from exc
@@ -769,6 +772,7 @@ def maintain_iceberg(
                 target,
                 topic,
                 max_snapshot_age_s=max_age,
+                max_tail_snapshot_age_s=max_tail_age,
                 min_snapshots=config["min_snapshots"],
                 orphan_grace_s=grace,
                 tails=(kv, keys, objects.warehouse_root),

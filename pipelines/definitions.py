@@ -57,11 +57,13 @@ parquet_collect_schedule = ScheduleDefinition(
     default_status=DefaultScheduleStatus.RUNNING,
 )
 
-#: Every 6 hours, after collection: snapshots expire after days (the op's ``max_snapshot_age``,
-#: 5 days), and orphan metadata waits an hour (``orphan_grace``).
+#: Hourly, after collection: tail-only snapshots (one per tail step) expire after an hour (the
+#: op's ``max_tail_snapshot_age``), the partitions' after days (``max_snapshot_age``, 5 days),
+#: and orphan metadata waits an hour (``orphan_grace``). Hourly bounds what a table holds: every
+#: snapshot makes each commit slower (docs/benchmarks.md, iceberg_commit.py).
 iceberg_maintenance_schedule = ScheduleDefinition(
     job=iceberg_maintenance,
-    cron_schedule="45 */6 * * *",
+    cron_schedule="45 * * * *",
     default_status=DefaultScheduleStatus.RUNNING,
 )
 

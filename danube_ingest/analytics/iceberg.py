@@ -99,10 +99,16 @@ MAX_ATTEMPTS = 8
 #: always stay, and an unreferenced metadata file is deleted only once older than the grace (a
 #: publisher writes its manifests before it commits them).
 SNAPSHOT_MAX_AGE_S = 5 * 24 * 3600.0
+#: Tail-only snapshots (``danube.tokens`` = ``tail``, one per tail step: thousands a day) expire
+#: after an hour: every snapshot a table holds makes each commit slower (pyiceberg copies the
+#: whole metadata), and the partitions' snapshots keep time travel at partition granularity.
+TAIL_SNAPSHOT_MAX_AGE_S = 3600.0
 MIN_SNAPSHOTS = 1
 ORPHAN_GRACE_S = 3600.0
 #: ``danube.tokens`` of a snapshot adding tail pieces (``tail.py``) rather than committed runs.
 TAIL_TOKEN = "tail"
+#: The summary key naming the runs a snapshot committed.
+TOKENS = "danube.tokens"
 #: How far a table may trail its partition width before ``Freshness.stale``: a partition is
 #: converted once the topic clock passed its end, by the next sensor tick and run (seconds).
 FRESHNESS_SLACK_S = 900.0
@@ -461,7 +467,7 @@ def _summary(topic: str, wanted: _Wanted, added: list[str]) -> dict[str, str]:
         "danube.first-offset": str(min(offsets, default=-1)),
         "danube.last-offset": str(max(lasts, default=-1)),
         "danube.converter": wanted.converter,
-        "danube.tokens": ",".join(sorted({c.token for c in commits})),
+        TOKENS: ",".join(sorted({c.token for c in commits})),
         "danube.table-revision": str(wanted.revision),
     }
 
@@ -806,6 +812,7 @@ def _tidy(
     ident: tuple[str, str],
     *,
     max_snapshot_age_s: float,
+    max_tail_snapshot_age_s: float,
     min_snapshots: int,
     now_ms: int,
     grace_ns: int,
@@ -833,9 +840,15 @@ def _tidy(
     if current is not None:
         kept.add(current.snapshot_id)
     cutoff = now_ms - round(max_snapshot_age_s * 1000)
-    expired = [
-        s.snapshot_id for s in newest if s.snapshot_id not in kept and s.timestamp_ms < cutoff
-    ]
+    tail_cutoff = now_ms - round(max_tail_snapshot_age_s * 1000)
+
+    def old(snapshot: Any) -> bool:
+        if snapshot.timestamp_ms < cutoff:
+            return True
+        tail = snapshot.summary is not None and snapshot.summary.get(TOKENS) == TAIL_TOKEN
+        return tail and snapshot.timestamp_ms < tail_cutoff
+
+    expired = [s.snapshot_id for s in newest if s.snapshot_id not in kept and old(s)]
     if expired:
         table.maintenance.expire_snapshots().by_ids(expired).commit()
         table = catalog.load_table(ident)
@@ -854,6 +867,7 @@ def _maintain_sync(
     topic: str,
     *,
     max_snapshot_age_s: float,
+    max_tail_snapshot_age_s: float,
     min_snapshots: int,
     orphan_grace_s: float,
     now_ms: int,
@@ -869,6 +883,7 @@ def _maintain_sync(
             catalog,
             ident,
             max_snapshot_age_s=max_snapshot_age_s,
+            max_tail_snapshot_age_s=max_tail_snapshot_age_s,
             min_snapshots=min_snapshots,
             now_ms=now_ms,
             grace_ns=grace_ns,
@@ -911,6 +926,7 @@ async def maintain(
     topic: str,
     *,
     max_snapshot_age_s: float = SNAPSHOT_MAX_AGE_S,
+    max_tail_snapshot_age_s: float = TAIL_SNAPSHOT_MAX_AGE_S,
     min_snapshots: int = MIN_SNAPSHOTS,
     orphan_grace_s: float = ORPHAN_GRACE_S,
     now_ms: int | None = None,
@@ -928,10 +944,11 @@ async def maintain(
     grace. No other data file is ever deleted here. None when the table does not exist. Raises
     :class:`IcebergPublishError` (retriable when the catalog or the store could not be
     reached)."""
-    if max_snapshot_age_s < 0 or orphan_grace_s < 0 or min_snapshots < 1:
+    if min(max_snapshot_age_s, max_tail_snapshot_age_s, orphan_grace_s) < 0 or min_snapshots < 1:
         raise ConfigError(
-            "iceberg maintenance: max_snapshot_age and orphan_grace must be >= 0 and "
-            f"min_snapshots >= 1 (got {max_snapshot_age_s}, {orphan_grace_s}, {min_snapshots})"
+            "iceberg maintenance: max_snapshot_age, max_tail_snapshot_age and orphan_grace must "
+            f"be >= 0 and min_snapshots >= 1 (got {max_snapshot_age_s}, "
+            f"{max_tail_snapshot_age_s}, {orphan_grace_s}, {min_snapshots})"
         )
     import time
 
@@ -958,6 +975,7 @@ async def maintain(
             target,
             topic,
             max_snapshot_age_s=max_snapshot_age_s,
+            max_tail_snapshot_age_s=max_tail_snapshot_age_s,
             min_snapshots=min_snapshots,
             orphan_grace_s=orphan_grace_s,
             now_ms=when,

@@ -119,7 +119,8 @@ async def test_the_tail_shows_entries_before_their_partition_completes(
     assert len(pieces) == 2 and others
     later = int(time.time() * 1000) + 2 * 3600 * 1000
     tails = (etcd_kv, keys, ROOT)
-    kept = await maintain(target, TOPIC, now_ms=later, tails=tails)
+    day = 86400
+    kept = await maintain(target, TOPIC, now_ms=later, tails=tails, max_tail_snapshot_age_s=day)
     assert kept is not None and kept.snapshots_expired == 0 and all(p.exists() for p in pieces)
     swept = await maintain(target, TOPIC, now_ms=later, tails=tails, max_snapshot_age_s=0)
     assert swept is not None and swept.snapshots_expired > 0
@@ -231,4 +232,47 @@ async def test_an_idle_topics_tail_stays_one_empty_piece_per_partition(
         (H0 + 2 * HOUR, H0 + 2 * HOUR + MINUTE, []),
     ]
     assert not (tmp_path / "objects" / ROOT / "_tails").exists()
+    await store.close()
+
+
+async def test_maintenance_expires_tail_snapshots_after_an_hour_and_keeps_the_partitions(
+    etcd_kv: EtcdKV, keys: Keys, tmp_path: Path
+) -> None:
+    """A tail step commits a snapshot every 10 s: those expire after an hour
+    (``max_tail_snapshot_age_s``), while the conversions' snapshots stay for
+    ``max_snapshot_age_s`` (5 days) and time travel to them still works."""
+    store = ObjectStore("fs", options={"root": str(tmp_path / "objects")})
+    target = _target(tmp_path)
+    await publish_topic(etcd_kv, keys, hours=2, objects=store)
+    await _clock(etcd_kv, keys, H0 + HOUR + 25 * MINUTE)
+    await convert(
+        kv=etcd_kv, keys=keys, objects=store, warehouse=store, topic=TOPIC, iceberg=target
+    )
+    for minutes in (25, 40):
+        await _clock(etcd_kv, keys, H0 + HOUR + minutes * MINUTE)
+        await extend_tail(etcd_kv, keys, TOPIC, store, store, root=ROOT)
+        await publish(etcd_kv, keys, TOPIC, target)
+    await _clock(etcd_kv, keys, H0 + 2 * HOUR)
+    await convert(
+        kv=etcd_kv, keys=keys, objects=store, warehouse=store, topic=TOPIC, iceberg=target
+    )
+    table = target.catalog().load_table(identifier(TOPIC))
+    tokens = [s.summary["danube.tokens"] for s in table.snapshots()]
+    assert (
+        len(tokens) == 4
+        and tokens[1:3] == [TAIL_TOKEN, TAIL_TOKEN]
+        and TAIL_TOKEN not in (tokens[0] + tokens[3])
+    )
+    first = table.snapshots()[0].snapshot_id
+    in_two_hours = int(time.time() * 1000) + 2 * HOUR
+
+    kept = await maintain(target, TOPIC, now_ms=in_two_hours, max_tail_snapshot_age_s=5 * 86400)
+    assert kept is not None and (kept.snapshots_expired, kept.snapshots_kept) == (0, 4)
+    done = await maintain(target, TOPIC, now_ms=in_two_hours)  # the defaults: 1 h, 5 days
+    assert done is not None and (done.snapshots_expired, done.snapshots_kept) == (2, 2)
+    table = target.catalog().load_table(identifier(TOPIC))
+    assert [s.summary["danube.tokens"] for s in table.snapshots()] == [tokens[0], tokens[3]]
+    assert _offsets(target) == list(range(1200))
+    old = table.scan(snapshot_id=first).to_arrow().column("offset").to_pylist()
+    assert sorted(old) == _below(H0 + HOUR)
     await store.close()

@@ -1,7 +1,7 @@
 """Job ``iceberg_maintenance`` in real Dagster against a real etcd, an fs store and the default
 SQLite catalog: a table with a handed-over rendition keeps only its current snapshot once the
 op's ``max_snapshot_age`` is zero, its totals are the step's metadata, a malformed duration
-fails the run naming the field, and the location schedules the job every 6 hours."""
+fails the run naming the field, and the location schedules the job hourly."""
 
 from __future__ import annotations
 
@@ -85,10 +85,10 @@ def test_a_malformed_duration_fails_the_run_naming_the_field(tmp_path: Path) -> 
     assert "iceberg_maintenance config" in str(failure.step_failure_data.error)
 
 
-def test_the_location_schedules_iceberg_maintenance_every_6_hours() -> None:
+def test_the_location_schedules_iceberg_maintenance_hourly() -> None:
     from pipelines.definitions import defs
 
     schedule = defs.get_repository_def().get_schedule_def("iceberg_maintenance_schedule")
     assert schedule.job_name == "iceberg_maintenance"
-    assert schedule.cron_schedule == "45 */6 * * *"
+    assert schedule.cron_schedule == "45 * * * *"
     assert schedule.default_status == DefaultScheduleStatus.RUNNING
