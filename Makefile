@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup maven kafka-jars iceberg-jars dev test lint typecheck unit bench clean redis-server libfaketime gcc postgresql
+.PHONY: setup maven kafka-jars iceberg-jars dev test lint typecheck unit bench clean redis-server libfaketime gcc postgresql podman
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,14 @@ libfaketime:
 		&& apt-get install -y -qq libfaketime >/dev/null; } \
 		|| { echo "libfaketime is needed (a fault test uses it): apt-get install libfaketime" >&2; exit 1; }
 
+## podman and runc (Debian's packages): the container tests run images built here through
+## testcontainers (danube_ingest.containers; no Docker engine, no registry needed).
+podman:
+	@{ command -v podman >/dev/null && command -v runc >/dev/null; } || { [ "$$(id -u)" = 0 ] \
+		&& command -v apt-get >/dev/null && apt-get update -qq \
+		&& apt-get install -y -qq podman runc >/dev/null; } \
+		|| { echo "podman and runc are needed (container tests): apt-get install podman runc" >&2; exit 1; }
+
 ## gcc (Debian's package): the I/O-error tests build their LD_PRELOAD shim (tests/faults/failio.c).
 gcc:
 	@command -v gcc >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
@@ -79,7 +87,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-unit: setup redis-server libfaketime gcc postgresql
+unit: setup redis-server libfaketime gcc postgresql podman
 	$(BIN)/pytest -q -p no:cacheprovider
 
 ## The full test suite, as CI runs it: lint, type check, every test (real etcd, s3, Spark...).

@@ -1,7 +1,9 @@
 """Shared fixtures: one real etcd per test session, and metadata stores on top of it.
 
 * ``etcd_server`` (session): the endpoint URL of a real single-node etcd (fast raft timings)
-  in a temp dir. Every test that uses it is marked ``etcd`` automatically.
+  in a temp dir; with ``DANUBE_INGEST_SERVICES=containers``, the same etcd in a container
+  (``danube_ingest.containers``: testcontainers on podman). Every test that uses it is marked
+  ``etcd`` automatically.
 * ``etcd_kv``: an ``EtcdKV`` connected to it, closed after the test.
 * ``kv``: the same test twice, on ``MemoryKV`` and on ``EtcdKV`` (contract tests).
 * ``keys``: ``Keys`` on a fresh random prefix, so tests sharing the server never collide.
@@ -19,12 +21,14 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
 
+from danube_ingest.containers import SERVICES_ENV, EtcdContainer, PodmanService
 from danube_ingest.metadata import KV, EtcdKV, Keys, MemoryKV
 from danube_ingest.testing import LocalEtcd, LocalKafka, LocalPostgres, MotoServer
 
@@ -47,6 +51,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def etcd_server() -> Iterator[str]:
+    if os.environ.get(SERVICES_ENV) == "containers":
+        # The same server in a container of the locally built etcd image (testcontainers on
+        # podman: danube_ingest.containers).
+        with PodmanService() as service, EtcdContainer(service) as container:
+            yield container.endpoint
+        return
     with LocalEtcd() as etcd:
         yield etcd.endpoint
 
