@@ -531,7 +531,8 @@ def _publish_once(
         with tx.update_schema() as update:  # a newer decode schema's columns, added or widened
             update.union_by_name(wanted.schema)
     props = _summary(topic, wanted, added)
-    files = [parquet_file_to_data_file(table.io, tx.table_metadata, uri) for uri in added]
+    metadata = tx.table_metadata  # (a deep copy per access: read once)
+    files = [parquet_file_to_data_file(table.io, metadata, uri) for uri in added]
     producer = tx.update_snapshot(snapshot_properties=props)
     with producer.overwrite() if removed else producer.fast_append() as update:
         for uri in removed:

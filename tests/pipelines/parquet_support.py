@@ -57,22 +57,28 @@ def plain_entry(offset: int) -> Entry:
 
 
 async def _write_object(
-    store: ObjectStore, start: int, end: int, entry_of: Callable[[int], Entry] = plain_entry
+    store: ObjectStore,
+    start: int,
+    end: int,
+    entry_of: Callable[[int], Entry] = plain_entry,
+    topic: str = TOPIC,
 ) -> ObjectRange:
-    """A real ``.bin`` topic object holding offsets ``[start, end)``, and its manifest entry."""
+    """A real ``.bin`` object of ``topic`` holding offsets ``[start, end)``, and its manifest
+    entry."""
     entries = []
     for offset in range(start, end):
         entry = entry_of(offset)
         entry.offset, entry.ingest_ms = offset, ingest_ms(offset)
         entries.append(entry)
     writer = BinWriter("zstd", frame_target_bytes=4096)
-    writer.add_entries(TOPIC, entries)
+    writer.add_entries(topic, entries)
     data = writer.finish()
-    span = writer.footer.topics[TOPIC]
-    key = f"topics/default/orders/{start:020d}.bin"
+    span = writer.footer.topics[topic]
+    key = f"topics{topic}/{start:020d}.bin"
     await store.put(key, data)
     return replace(
         object_range(start, end, ingest_ms),
+        topic=topic,
         object_key=key,
         byte_start=span.position,
         byte_length=span.length,
@@ -90,22 +96,23 @@ async def publish_topic(
     extra_ms: int = 0,
     objects: ObjectStore | None = None,
     entry_of: Callable[[int], Entry] = plain_entry,
+    topic: str = TOPIC,
 ) -> None:
-    """The topic record, ``hours`` hours of manifest ranges (two per hour) and a clock at the
-    end of the last one plus ``extra_ms``; with ``objects``, the ranges' real ``.bin``
-    objects written there (else the manifest names objects that do not exist), each offset's
-    entry made by ``entry_of``."""
-    await Records(kv, keys).create_topic_if_absent(TopicRecord(TOPIC))
+    """The record of ``topic`` (TOPIC by default), ``hours`` hours of manifest ranges (two per
+    hour) and a clock at the end of the last one plus ``extra_ms``; with ``objects``, the
+    ranges' real ``.bin`` objects written there (else the manifest names objects that do not
+    exist), each offset's entry made by ``entry_of``."""
+    await Records(kv, keys).create_topic_if_absent(TopicRecord(topic))
     step = PER_HOUR // 2
     for start in range(0, hours * PER_HOUR, step):
         if objects is None:
-            entry = object_range(start, start + step, ingest_ms)
+            entry = replace(object_range(start, start + step, ingest_ms), topic=topic)
         else:
-            entry = await _write_object(objects, start, start + step, entry_of)
-        await kv.put(keys.storage_object(TOPIC, start), entry.encode())
+            entry = await _write_object(objects, start, start + step, entry_of, topic)
+        await kv.put(keys.storage_object(topic, start), entry.encode())
     end = hours * PER_HOUR
     clock = TopicClock(offset=end, ingest_ms=H0 + hours * HOUR + extra_ms, broker="b1", epoch=1)
-    await kv.put(keys.topic_clock(TOPIC), clock.encode())
+    await kv.put(keys.topic_clock(topic), clock.encode())
 
 
 async def ensure_table(kv: KV, keys: Keys, topic: str, width_s: int) -> str:

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import crc32c
 import pytest
 import yaml
 from dagster import (
@@ -39,13 +37,9 @@ from danube_ingest.analytics.checks import committed_parts
 from danube_ingest.analytics.convert import convert
 from danube_ingest.analytics.iceberg import IcebergTarget, identifier
 from danube_ingest.metadata import EtcdKV, Keys
-from danube_ingest.metadata.clock import TopicClock
-from danube_ingest.metadata.records import Records, TopicRecord
-from danube_ingest.objects.binfmt import BinWriter
 from danube_ingest.objects.store import ObjectStore
 from danube_ingest.wal.framing import Entry
 from pipelines.resources import ConvertJobResource, EtcdResource, ObjectStoreResource
-from tests.analytics.tables_support import object_range
 from tests.pipelines.parquet_support import (
     H0,
     HOUR,
@@ -72,35 +66,11 @@ def instance() -> Iterator[DagsterInstance]:
 async def _audit_topic(kv: EtcdKV, keys: Keys, store: ObjectStore) -> None:
     """AUDIT: one hour of real ``.bin`` objects (offsets 0..599, as TOPIC's first hour), two
     manifest ranges, and a clock at the hour's end."""
-    await Records(kv, keys).create_topic_if_absent(TopicRecord(AUDIT))
-    step = PER_HOUR // 2
-    for start in range(0, PER_HOUR, step):
-        entries = []
-        for offset in range(start, start + step):
-            entry = Entry(
-                f"audit-{offset}".encode(), producer_name="p", publish_ms=ingest_ms(offset)
-            )
-            entry.offset, entry.ingest_ms = offset, ingest_ms(offset)
-            entries.append(entry)
-        writer = BinWriter("zstd", frame_target_bytes=4096)
-        writer.add_entries(AUDIT, entries)
-        data = writer.finish()
-        span = writer.footer.topics[AUDIT]
-        key = f"topics/default/audit/{start:020d}.bin"
-        await store.put(key, data)
-        entry_range = replace(
-            object_range(start, start + step, ingest_ms),
-            topic=AUDIT,
-            object_key=key,
-            byte_start=span.position,
-            byte_length=span.length,
-            object_size=len(data),
-            object_crc=crc32c.crc32c(data),
-            kind="topic",
-        )
-        await kv.put(keys.storage_object(AUDIT, start), entry_range.encode())
-    clock = TopicClock(offset=PER_HOUR, ingest_ms=H0 + HOUR, broker="b1", epoch=1)
-    await kv.put(keys.topic_clock(AUDIT), clock.encode())
+
+    def entry(offset: int) -> Entry:
+        return Entry(f"audit-{offset}".encode(), producer_name="p", publish_ms=ingest_ms(offset))
+
+    await publish_topic(kv, keys, hours=1, objects=store, entry_of=entry, topic=AUDIT)
 
 
 def _resources(etcd_server: str, keys: Keys, data_dir: Path, config: str = "") -> dict[str, Any]:
