@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup maven kafka-jars iceberg-jars dev test lint typecheck unit bench clean redis-server libfaketime gcc postgresql podman
+.PHONY: setup maven kafka-jars iceberg-jars dev test lint typecheck unit bench clean redis-server libfaketime gcc postgresql podman debootstrap image
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -69,6 +69,17 @@ podman:
 		&& apt-get install -y -qq podman runc >/dev/null; } \
 		|| { echo "podman and runc are needed (container tests): apt-get install podman runc" >&2; exit 1; }
 
+## debootstrap (Debian's package): the image's root filesystem (tools/image/build.sh).
+debootstrap:
+	@command -v debootstrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null; } \
+		|| { echo "debootstrap is needed (make image): apt-get install debootstrap" >&2; exit 1; }
+
+## The danube-ingest image, localhost/danube-ingest:<digest> in podman's store (prints the tag):
+## Debian bookworm's packages, the project's own wheel, the Maven jars; see docs/containers.md.
+image: setup podman debootstrap
+	@bash tools/image/build.sh
+
 ## gcc (Debian's package): the I/O-error tests build their LD_PRELOAD shim (tests/faults/failio.c).
 gcc:
 	@command -v gcc >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
@@ -87,7 +98,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-unit: setup redis-server libfaketime gcc postgresql podman
+unit: setup redis-server libfaketime gcc postgresql podman debootstrap
 	$(BIN)/pytest -q -p no:cacheprovider
 
 ## The full test suite, as CI runs it: lint, type check, every test (real etcd, s3, Spark...).

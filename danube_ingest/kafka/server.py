@@ -46,8 +46,12 @@ from danube_ingest.metadata.server import log_tail, port_in_use
 log = logging.getLogger(__name__)
 
 #: Where ``make kafka-jars`` puts the jars: ``.deps/kafka`` in the project's checkout (the
-#: package is installed editable from it).
-DEFAULT_JARS_DIR = Path(__file__).resolve().parents[2] / ".deps" / "kafka"
+#: package is installed editable from it); ``DANUBE_INGEST_KAFKA_JARS`` names another directory
+#: (the image's ``/opt/danube-ingest/jars/kafka``).
+JARS_ENV = "DANUBE_INGEST_KAFKA_JARS"
+DEFAULT_JARS_DIR = Path(
+    os.environ.get(JARS_ENV) or Path(__file__).resolve().parents[2] / ".deps" / "kafka"
+)
 
 #: The JVM's heap: Kafka's scripts default to 1 GiB; half of it holds a development node's
 #: WAL topics, and three of them (the test cluster) fit a 2-core, few-GiB machine.
