@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # make image: the danube-ingest OCI image, built here from Debian's packages and the project's
-# own wheel (no registry, no Docker engine: debootstrap + podman import). Reproducible: the
-# rootfs tar has sorted names, the commit's time as every mtime, numeric root owners, no
-# bytecode, and pip installs the versions of the project's virtualenv (constraints). The image
+# own wheel (no registry, no Docker engine: debootstrap + podman import). Reproducible on one
+# Debian base: the rootfs tar has sorted names, the commit's time as every mtime, numeric root
+# owners, no bytecode, and pip installs the versions of the project's virtualenv (constraints). The image
 # is tagged localhost/danube-ingest:<digest of that tar>, and a tar already imported is not
 # imported again. Prints the tag last. Needs root (debootstrap, chroot), podman and runc.
 set -euo pipefail
@@ -84,11 +84,12 @@ if [ "$built" = 0 ]; then
   cp -r .deps/iceberg "$rootfs/opt/danube-ingest/jars/iceberg"
   rm -rf "$rootfs/tmp/wheel" "$rootfs/tmp/host-ca.crt" "$rootfs/root/.cache" "$rootfs/etc/resolv.conf" "$rootfs/var/log/"*
   : >"$rootfs/etc/resolv.conf"
+  rm -f "$rootfs/var/cache/ldconfig/aux-cache"  # (inode numbers and times: a cache)
   find "$rootfs" -name '__pycache__' -prune -exec rm -rf {} +
   find "$rootfs/opt/danube-ingest" -name 'direct_url.json' -delete  # (names the build dir)
 
   # 4. One layer: a deterministic tar, imported once per digest.
-  tar -C "$rootfs" --sort=name --mtime="@$EPOCH" --clamp-mtime --owner=0 --group=0 --numeric-owner \
+  tar -C "$rootfs" --sort=name --mtime="@$EPOCH" --owner=0 --group=0 --numeric-owner \
     --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime -cf "$image_tar.part" .
   rm -f "$OUT"/image-*.tar
   mv "$image_tar.part" "$image_tar"
