@@ -34,11 +34,11 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.server import FAST_FLAGS, find_etcd_binary
+from danube_ingest.testing import _ServerProcess
 
 __all__ = [
     "SERVICES_ENV",
@@ -67,7 +67,7 @@ class ContainerError(DanubeIngestError):
     """podman is missing, its service or a build failed, or a container did not get healthy."""
 
 
-class PodmanService:
+class PodmanService(_ServerProcess):
     """``podman system service`` on a socket in ``directory`` (a temp dir by default), for as
     long as the ``with`` block lasts (module docstring)."""
 
@@ -163,18 +163,6 @@ class PodmanService:
         if self._given is None and self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, path: str) -> None:
@@ -204,7 +192,7 @@ def etcd_image(service: PodmanService) -> str:
     return tag
 
 
-class EtcdContainer:
+class EtcdContainer(_ServerProcess):
     """A single-node etcd in a container of :func:`etcd_image`, healthy once started; its
     client URL is ``endpoint`` (``http://127.0.0.1:<mapped port>``)."""
 
@@ -262,15 +250,3 @@ class EtcdContainer:
         container, self._container = self._container, None
         if container is not None:
             container.stop()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

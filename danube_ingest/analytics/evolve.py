@@ -34,7 +34,7 @@ from danube_ingest.analytics.decode import SchemaDecoder, load_decoder
 from danube_ingest.analytics.records import RenditionRecord, TableKeys, TableRecord
 from danube_ingest.metadata.errors import CommitStateUnknownError
 from danube_ingest.metadata.keys import Keys
-from danube_ingest.metadata.kv import KV, Compare, Get, Put
+from danube_ingest.metadata.kv import KV, Compare, Put
 from danube_ingest.schema import SchemaRegistry
 from danube_ingest.schema.kvstore import KVSchemaStore
 
@@ -111,8 +111,7 @@ async def evolve_schema(kv: KV, keys: Keys, topic: str) -> SchemaEvolution | Non
     if active is None:
         return None
     key = tables.rendition(active)
-    read = await kv.txn([], [Get(key)])
-    stored = read.kv(0)
+    stored = await kv.get(key)
     if stored is None:
         return None
     record = RenditionRecord.decode(stored.value, key)
