@@ -18,6 +18,8 @@ from danube_ingest.cli import (
     broker,
     brokers,
     client,
+    cluster,
+    dagster_ui,
     kafka,
     objects,
     retention,
@@ -28,9 +30,23 @@ from danube_ingest.cli import (
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.observability.logs import formatter
 
-_GROUPS = (broker, kafka, client, bench, admin, schemas, brokers, wal, objects, retention, tables)
+_GROUPS = (
+    broker,
+    dagster_ui,
+    kafka,
+    client,
+    bench,
+    admin,
+    schemas,
+    brokers,
+    wal,
+    objects,
+    retention,
+    tables,
+    cluster,
+)
 #: Long-running commands: their log lines are their output, so they log INFO by default.
-_SERVERS = frozenset({"broker", "dev", "etcd", "kafka"})
+_SERVERS = frozenset({"broker", "dev", "etcd", "kafka", "dagster"})
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,6 +20,7 @@ process exits first.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -31,8 +32,10 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+from danube_ingest.config import load_config
+from danube_ingest.config.loader import CONFIG_ENV
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.server import log_tail, port_in_use
 
@@ -100,6 +103,24 @@ class DagsterUI:
         )
         return [str(dagster), "dev", *target, "-h", self.host, "-p", str(self.port)]
 
+    def _prepare(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        instance = self.home / "dagster.yaml"
+        if not instance.exists():
+            instance.write_text(_INSTANCE_YAML)
+        if self._write_config:
+            # JSON string syntax is YAML: any path is quoted safely. No secrets: only the dir.
+            self.config_path.write_text(f"broker:\n  data_dir: {json.dumps(str(self.data_dir))}\n")
+
+    def exec(self) -> None:
+        """Become ``dagster dev`` (``danube-ingest dagster``, an image's entry point): the same
+        command and environment as ``start``, its output on ours. Does not return."""
+        self._prepare()
+        command = self.command()
+        log.info("dagster exec url=%s home=%s", self.url, self.home)
+        logging.shutdown()
+        os.execve(command[0], command, {**os.environ, **self._env})
+
     def start(self) -> None:
         """Launch ``dagster dev`` (see ``wait_ready``). Raises ``DagsterUIError`` if the port
         is in use by another process, ``OSError`` if the command cannot be run."""
@@ -109,13 +130,7 @@ class DagsterUI:
                 "process (another `danube-ingest dev`?); stop it, or use --dagster-port N or "
                 "--no-dagster"
             )
-        self.home.mkdir(parents=True, exist_ok=True)
-        instance = self.home / "dagster.yaml"
-        if not instance.exists():
-            instance.write_text(_INSTANCE_YAML)
-        if self._write_config:
-            # JSON string syntax is YAML: any path is quoted safely. No secrets: only the dir.
-            self.config_path.write_text(f"broker:\n  data_dir: {json.dumps(str(self.data_dir))}\n")
+        self._prepare()
         self._log = self.log_path.open("ab")
         try:
             self._process = subprocess.Popen(
@@ -197,3 +212,54 @@ class DagsterUI:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def register(commands: Any) -> None:
+    dagster = commands.add_parser(
+        "dagster",
+        help="run the Dagster UI and daemon of the code location (schedules, sensors)",
+        description=(
+            "Run `dagster dev` on the code location (pipelines.definitions) against a running "
+            "system: its etcd and object store are the broker configuration's. The instance "
+            "(runs, ticks) lives in DATA_DIR/dagster. For a system started otherwise than by "
+            "`danube-ingest dev`, e.g. the Dagster pod of `danube-ingest cluster kube`."
+        ),
+    )
+    dagster.add_argument(
+        "--config",
+        type=Path,
+        help="broker config file: its object store, etcd and data_dir (default: "
+        "$DANUBE_INGEST_CONFIG, else the defaults)",
+    )
+    dagster.add_argument(
+        "--etcd", help="etcd endpoint URL(s), comma separated (default: the config's)"
+    )
+    dagster.add_argument(
+        "--data-dir",
+        type=Path,
+        help="the instance goes under DATA_DIR/dagster (default: the config's broker.data_dir)",
+    )
+    dagster.add_argument("--host", default="127.0.0.1", help="UI address (default 127.0.0.1)")
+    dagster.add_argument("--port", type=int, default=3000, help="UI port (default 3000)")
+    dagster.set_defaults(handler=_dagster)
+
+
+def _dagster(args: argparse.Namespace) -> int:
+    from_env = os.environ.get(CONFIG_ENV)
+    config_path = args.config or (Path(from_env) if from_env else None)
+    config = load_config(config_path)
+    data_dir = args.data_dir or Path(config.broker.data_dir)
+    ui = DagsterUI(
+        data_dir,
+        host=args.host,
+        port=args.port,
+        etcd_endpoint=args.etcd or ",".join(config.etcd.endpoints),
+        etcd_prefix=config.etcd.prefix,
+        config_path=config_path,
+    )
+    if port_in_use(ui._probe_host, ui.port):
+        raise DagsterUIError(
+            f"the Dagster UI cannot start: port {ui.host}:{ui.port} is in use by another process"
+        )
+    ui.exec()
+    return 0  # (not reached)

@@ -160,11 +160,16 @@ class Consumer:
         await self.close()
 
     async def start(self) -> None:
-        """Open the stream and subscribe; returns once subscribed (``ConsumeError`` if the
-        daemon refuses; the first subscribe is not retried)."""
+        """Open the stream and subscribe; returns once subscribed. ``ConsumeError`` if the
+        daemon refuses (a bad topic, credentials); a first subscribe that fails as a lost stream
+        would (the topic not served yet while its new owner takes it over, the daemon
+        restarting) is tried again as a reconnect is, within ``reconnect_timeout_s``."""
         if self._channel is None:
             self._channel = open_channel(self._url, self._tls)
-        await self._open()
+        try:
+            await self._open()
+        except ConsumeError as exc:
+            await self._reopen(exc)
 
     async def _open(self) -> None:
         assert self._channel is not None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,29 +18,11 @@ import pytest
 from danube_ingest.containers import PodmanService
 from danube_ingest.testing import free_port
 from tests.broker.support import Clients, payloads
+from tests.containers.conftest import build
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _build(**env: str) -> str:
-    run = subprocess.run(
-        ["bash", "tools/image/build.sh"],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=840,
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    return run.stdout.strip().splitlines()[-1]
-
-
-@pytest.fixture(scope="module")
-def image() -> str:
-    return _build()
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +34,10 @@ def podman() -> Iterator[PodmanService]:
 def test_the_image_is_reproducible_and_runs_as_a_user(image: str, podman: PodmanService) -> None:
     assert image.startswith("localhost/danube-ingest:")
     started = time.monotonic()
-    assert _build() == image  # the same inputs: the tar is reused, not imported again
+    assert build() == image  # the same inputs: the tar is reused, not imported again
     assert time.monotonic() - started < 60
     # Built again from scratch (base kept), the same tree gives the same bytes, so the same tag.
-    assert _build(DANUBE_INGEST_IMAGE_REBUILD="1") == image
+    assert build(DANUBE_INGEST_IMAGE_REBUILD="1") == image
     inspected = json.loads(podman.podman("image", "inspect", image).stdout)[0]
     config = inspected["Config"]
     assert config["User"] == "10001" and "/data" in config["Volumes"]
@@ -66,6 +47,12 @@ def test_the_image_is_reproducible_and_runs_as_a_user(image: str, podman: Podman
     assert "kafka" in helped.stdout and "broker" in helped.stdout
     whoami = podman.podman("run", "--rm", "--entrypoint", "id", image, "-u")
     assert whoami.stdout.strip() == "10001"
+    # A fresh volume at /data (no bind mount, no chown by hand) is the user's: podman copies
+    # the image's /data up, owner included.
+    fresh = podman.podman(
+        "run", "--rm", "--entrypoint", "sh", image, "-c", "touch /data/x && stat -c %u /data"
+    )
+    assert fresh.returncode == 0 and fresh.stdout.strip() == "10001", fresh.stderr
 
 
 async def test_danube_client_produces_and_consumes_through_the_image(

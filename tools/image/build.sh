@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # make image: the danube-ingest OCI image, built here from Debian's packages and the project's
 # own wheel (no registry, no Docker engine: debootstrap + podman import). Reproducible on one
-# Debian base: the rootfs tar has sorted names, the commit's time as every mtime, numeric root
-# owners, no bytecode, and pip installs the versions of the project's virtualenv (constraints). The image
-# is tagged localhost/danube-ingest:<digest of that tar>, and a tar already imported is not
-# imported again. Prints the tag last. Needs root (debootstrap, chroot), podman and runc.
+# Debian base: the rootfs tar has sorted names, the commit's time as every mtime, numeric owners
+# (root's, and the user danube's /data), no bytecode, and pip installs the versions of the
+# project's virtualenv (constraints). The image is tagged localhost/danube-ingest:<digest of that
+# tar> and :latest; a tar already imported is not imported again, and older digests are removed
+# from podman's store (DANUBE_INGEST_IMAGE_KEEP=N keeps the N newest; an image a container still
+# uses stays). Prints the tag last. Needs root (debootstrap, chroot), podman and runc.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -89,7 +91,7 @@ if [ "$built" = 0 ]; then
   find "$rootfs/opt/danube-ingest" -name 'direct_url.json' -delete  # (names the build dir)
 
   # 4. One layer: a deterministic tar, imported once per digest.
-  tar -C "$rootfs" --sort=name --mtime="@$EPOCH" --owner=0 --group=0 --numeric-owner \
+  tar -C "$rootfs" --sort=name --mtime="@$EPOCH" --numeric-owner \
     --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime -cf "$image_tar.part" .
   rm -f "$OUT"/image-*.tar
   mv "$image_tar.part" "$image_tar"
@@ -101,7 +103,7 @@ PODMAN_OPTS=$(.venv/bin/python -c 'from danube_ingest.containers import PODMAN_O
 conf=$OUT/containers.conf
 printf '[containers]\ndefault_ulimits = []\n' >"$conf"
 if ! CONTAINERS_CONF=$conf podman $PODMAN_OPTS image exists "$tag"; then
-  CONTAINERS_CONF=$conf podman $PODMAN_OPTS import \
+  CONTAINERS_CONF=$conf podman $PODMAN_OPTS import --quiet \
     --change 'USER 10001' --change 'WORKDIR /data' --change 'VOLUME /data' \
     --change 'ENV DANUBE_INGEST_DATA_DIR=/data' \
     --change 'ENV DANUBE_INGEST_KAFKA_JARS=/opt/danube-ingest/jars/kafka' \
@@ -111,4 +113,14 @@ if ! CONTAINERS_CONF=$conf podman $PODMAN_OPTS image exists "$tag"; then
     --change 'CMD ["--help"]' \
     "$image_tar" "$tag" >/dev/null
 fi
+CONTAINERS_CONF=$conf podman $PODMAN_OPTS tag "$tag" localhost/danube-ingest:latest
+
+# 5. Older digests leave podman's store (each is a full copy under vfs): the newest KEEP stay.
+keep=${DANUBE_INGEST_IMAGE_KEEP:-1}
+CONTAINERS_CONF=$conf podman $PODMAN_OPTS images --sort created --format '{{.Repository}}:{{.Tag}}' \
+  localhost/danube-ingest | { grep -v -e ':latest$' -e ":$digest\$" || true; } | tail -n +"$keep" |
+  while read -r old; do
+    CONTAINERS_CONF=$conf podman $PODMAN_OPTS rmi "$old" >/dev/null 2>&1 \
+      || echo "kept $old (a container still uses it)" >&2
+  done
 echo "$tag"
