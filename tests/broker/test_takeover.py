@@ -29,6 +29,7 @@ import pytest
 from danube.proto import DanubeApi_pb2 as pb
 
 from danube_ingest.cli.admin import scrape
+from danube_ingest.client import Consumer as BatchConsumer
 from danube_ingest.client import Producer as BatchProducer
 from danube_ingest.metadata.durable import read_durable_end
 from danube_ingest.metadata.etcd import EtcdKV
@@ -192,6 +193,7 @@ async def test_a_restarted_owner_hands_its_tail_to_the_survivor(
     # then the takeover wait) until B serves the topic.
     after = [f"after-{i}".encode() for i in range(100)]
     survivor = BatchProducer(b.url, TOPIC, producer_name="after", linger_ms=1)
+    reader = BatchConsumer(b.url, TOPIC, "while-pending", start="earliest")
     await survivor.start()
     try:
         stored = asyncio.ensure_future(await survivor.send_many(after))
@@ -203,13 +205,22 @@ async def test_a_restarted_owner_hands_its_tail_to_the_survivor(
         )
         assert record.committed == await manifest.end_offset(TOPIC)
         tail = len(acked) - record.committed  # acknowledged, in A's WAL only
+        # A consumer subscribing now is told the topic is not served yet (UNAVAILABLE) and
+        # subscribes again, as after a lost stream, until it is.
+        subscribing = asyncio.ensure_future(reader.start())
         await asyncio.sleep(RESTART_AFTER)
         assert not stored.done(), "the survivor served before the old owner's tail was back"
+        assert not subscribing.done(), "a subscription began before the old owner's tail was back"
         await asyncio.to_thread(a.start)
         ranges = await asyncio.wait_for(stored, WAIT)
         serving = time.monotonic() - killed
+        await asyncio.wait_for(subscribing, WAIT)
+        assert reader.reconnects >= 1
+        first = await reader.receive(timeout=WAIT)
+        assert first.offsets[:1] == [0]
     finally:
         await survivor.close()
+        await reader.close()
 
     done = await _wait_record(kv, keys, RECOVERED)
     assert done.end is not None and len(acked) <= done.end <= len(acked) + 1  # + one in flight
