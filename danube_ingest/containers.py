@@ -17,6 +17,10 @@ talks to it through podman's API socket. Everything the tests (and a developer) 
   same fast raft timings as :class:`danube_ingest.testing.LocalEtcd`, its client port mapped
   to a free loopback port.
 
+* :class:`KafkaContainer` runs ``danube-ingest kafka`` in the project's image (``make image``):
+  a single-node KRaft Kafka with the tests' fast timings, on the host's network (its ports
+  chosen free on loopback), its data on a host directory the image's user owns.
+
 The test fixtures use them when ``DANUBE_INGEST_SERVICES=containers`` (see ``tests/conftest.py``)
 and keep their child processes otherwise. Errors: :class:`ContainerError` naming the command
 and its output (podman missing, the service or a build failing, a container not healthy).
@@ -38,12 +42,13 @@ from typing import Any
 
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.server import FAST_FLAGS, find_etcd_binary
-from danube_ingest.testing import _ServerProcess
+from danube_ingest.testing import _distinct_free_ports, _ServerProcess
 
 __all__ = [
     "SERVICES_ENV",
     "ContainerError",
     "EtcdContainer",
+    "KafkaContainer",
     "PodmanService",
     "etcd_image",
 ]
@@ -250,3 +255,66 @@ class EtcdContainer(_ServerProcess):
         container, self._container = self._container, None
         if container is not None:
             container.stop()
+
+
+#: The image's user (``tools/image/build.sh``): a bind-mounted data directory must be its.
+IMAGE_UID = 10001
+
+
+class KafkaContainer(_ServerProcess):
+    """``danube-ingest kafka`` in a container of the project's image (``image``: its tag),
+    ready once started; ``bootstrap_servers`` is ``127.0.0.1:PORT``. The container uses the
+    host's network (Kafka advertises the address it listens on, so a mapped port would
+    advertise one clients cannot reach)."""
+
+    def __init__(self, service: PodmanService, image: str, *, heap: str = "256m") -> None:
+        self._service = service
+        self._image = image
+        self._heap = heap
+        self._container: Any = None
+        self._dir: Path | None = None
+        self.bootstrap_servers = ""
+
+    def start(self, timeout: float = 120.0) -> None:
+        os.environ.update(self._service.environment())  # (testcontainers reads them)
+        from testcontainers.core.container import DockerContainer
+
+        port, controller = _distinct_free_ports(2)
+        self._dir = Path(tempfile.mkdtemp(prefix="danube-kafka-container-"))
+        os.chown(self._dir, IMAGE_UID, IMAGE_UID)
+        command = (
+            f"kafka --data-dir /data/kafka --port {port} --controller-port {controller} "
+            f"--heap {self._heap} --fast"
+        )
+        container = (
+            DockerContainer(self._image, command=command)
+            .with_kwargs(network_mode="host")
+            .with_volume_mapping(str(self._dir), "/data", "rw")
+        )
+        self._container = container.start()
+        self.bootstrap_servers = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while True:
+            logs = b"".join(container.get_logs()).decode(errors="replace")
+            if "kafka serving on" in logs:
+                return
+            status = container.get_wrapped_container()
+            status.reload()
+            if status.status != "running" or time.monotonic() > deadline:
+                self.stop()
+                raise ContainerError(f"Kafka in a container did not get ready: {logs[-2000:]}")
+            time.sleep(0.5)
+
+    @property
+    def container_id(self) -> str:
+        if self._container is None:
+            raise ContainerError("the Kafka container is not started")
+        return str(self._container.get_wrapped_container().id)
+
+    def stop(self) -> None:
+        container, self._container = self._container, None
+        if container is not None:
+            container.stop()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None

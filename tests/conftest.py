@@ -9,6 +9,9 @@
 * ``keys``: ``Keys`` on a fresh random prefix, so tests sharing the server never collide.
 * ``s3_server`` (session): a ``MotoServer`` (moto S3 in a child process). Every test that uses
   it is marked ``s3`` automatically.
+* ``kafka_server`` (session): the bootstrap servers of a single-node KRaft Kafka (``LocalKafka``;
+  with ``DANUBE_INGEST_SERVICES=containers``, ``danube-ingest kafka`` in a container of the
+  project's image). Tests that use it are marked ``kafka``.
 * ``postgres_server`` (session): a ``LocalPostgres`` (an Iceberg catalog database). Tests
   that use it are marked ``postgres``.
 * ``certs`` (session): a CA, server and client certificates as PEM files (``tests.certs``).
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from danube_ingest.containers import SERVICES_ENV, EtcdContainer, PodmanService
+from danube_ingest.containers import SERVICES_ENV, EtcdContainer, KafkaContainer, PodmanService
 from danube_ingest.metadata import KV, EtcdKV, Keys, MemoryKV
 from danube_ingest.testing import LocalEtcd, LocalKafka, LocalPostgres, MotoServer
 
@@ -87,7 +90,14 @@ def keys() -> Keys:
 @pytest.fixture(scope="session")
 def kafka_server() -> Iterator[str]:
     """One single-node KRaft Kafka for the session (its bootstrap servers); tests keep apart
-    by topic prefix."""
+    by topic prefix. With ``DANUBE_INGEST_SERVICES=containers``: ``danube-ingest kafka`` in a
+    container of the project's image (built by ``make image``'s script, once per content)."""
+    if os.environ.get(SERVICES_ENV) == "containers":
+        from tests.containers.support import build
+
+        with PodmanService() as service, KafkaContainer(service, build()) as container:
+            yield container.bootstrap_servers
+        return
     with LocalKafka() as kafka:
         yield kafka.bootstrap_servers
 

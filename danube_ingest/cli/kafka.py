@@ -43,6 +43,12 @@ def register(commands: Any) -> None:
         default=120.0,
         help="seconds to wait for the node to answer before giving up (default 120)",
     )
+    kafka.add_argument(
+        "--fast",
+        action="store_true",
+        help="the test timings: short session and election timeouts, one partition for the "
+        "internal topics, fewer threads (a throwaway node; the tests' container uses it)",
+    )
     kafka.set_defaults(handler=_kafka)
 
 
@@ -70,6 +76,7 @@ def _kafka(args: argparse.Namespace) -> int:
         controller_port=args.controller_port,
         heap=args.heap,
         jars_dir=args.jars_dir,
+        fast=args.fast,
     )
     stop = threading.Event()
     handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _STOP_SIGNALS}

@@ -1,30 +1,10 @@
-"""The danube-ingest image, built once per test run (``make image``'s script; cached by its
-inputs, so a second run on the same tree reuses it)."""
+"""The danube-ingest image, built once per test run (``tests.containers.support.build``)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def build(**env: str) -> str:
-    """``tools/image/build.sh`` with ``env`` over ours; its tag."""
-    run = subprocess.run(
-        ["bash", "tools/image/build.sh"],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=840,
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    return run.stdout.strip().splitlines()[-1]
+from tests.containers.support import build
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
-"""Run by ``test_etcd_container.py`` in a pytest of its own with
-``DANUBE_INGEST_SERVICES=containers`` (not collected otherwise: the name is not ``test_*``):
-the suite's ``etcd_server`` is served by a container, its client port mapped on loopback."""
+"""Run by ``test_etcd_container.py`` and ``test_kafka_container.py`` in a pytest of their own
+with ``DANUBE_INGEST_SERVICES=containers`` (not collected otherwise: the name is not
+``test_*``): the suite's ``etcd_server`` is served by a container, its client port mapped on
+loopback; its ``kafka_server`` by a container of the project's image on the host's network."""
 
 from __future__ import annotations
 
@@ -9,13 +10,12 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from danube_ingest.containers import PODMAN_OPTIONS, SERVICES_ENV
 
 
-def test_etcd_server_is_a_container(etcd_server: str, tmp_path: Path) -> None:
-    assert os.environ[SERVICES_ENV] == "containers"
-    port = int(etcd_server.rsplit(":", 1)[1])
+def _running(tmp_path: Path) -> list[dict[str, Any]]:
     podman = shutil.which("podman")
     assert podman is not None
     conf = tmp_path / "containers.conf"
@@ -27,9 +27,29 @@ def test_etcd_server_is_a_container(etcd_server: str, tmp_path: Path) -> None:
         check=True,
         env={**os.environ, "CONTAINERS_CONF": str(conf)},
     )
+    containers: list[dict[str, Any]] = json.loads(listed.stdout or "[]")
+    return containers
+
+
+def test_etcd_server_is_a_container(etcd_server: str, tmp_path: Path) -> None:
+    assert os.environ[SERVICES_ENV] == "containers"
+    port = int(etcd_server.rsplit(":", 1)[1])
+    running = _running(tmp_path)
     ports = [
         mapping.get("host_port")
-        for container in json.loads(listed.stdout or "[]")
+        for container in running
         for mapping in container.get("Ports") or []
     ]
-    assert port in ports, (etcd_server, listed.stdout[-2000:])
+    assert port in ports, (etcd_server, running)
+
+
+def test_kafka_server_is_a_container(kafka_server: str, tmp_path: Path) -> None:
+    assert os.environ[SERVICES_ENV] == "containers"
+    port = kafka_server.rsplit(":", 1)[1]
+    running = _running(tmp_path)
+    kafkas = [
+        c for c in running
+        if c["Image"].startswith("localhost/danube-ingest:") and "kafka" in c["Command"]
+        and port in c["Command"]
+    ]  # fmt: skip
+    assert len(kafkas) == 1, (kafka_server, running)

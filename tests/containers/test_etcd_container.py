@@ -93,7 +93,8 @@ def test_the_suites_etcd_fixture_runs_in_a_container_when_asked() -> None:
     run = subprocess.run(
         [
             sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-            "tests/metadata/test_kv_contract.py", "tests/containers/fixture_probe.py",
+            "tests/metadata/test_kv_contract.py",
+            "tests/containers/fixture_probe.py::test_etcd_server_is_a_container",
         ],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip

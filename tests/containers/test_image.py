@@ -18,7 +18,7 @@ import pytest
 from danube_ingest.containers import PodmanService
 from danube_ingest.testing import free_port
 from tests.broker.support import Clients, payloads
-from tests.containers.conftest import build
+from tests.containers.support import build
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(900)]
 
