@@ -99,7 +99,7 @@ typecheck: setup
 	$(BIN)/mypy
 
 unit: setup redis-server libfaketime gcc postgresql podman debootstrap
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider --durations=30
 
 ## The full test suite, as CI runs it: lint, type check, every test (real etcd, s3, Spark...).
 test: lint typecheck unit

@@ -40,6 +40,15 @@ if TYPE_CHECKING:
     from tests.certs import Certs
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Container tests collected: build their image in the background from now on
+    (``tests.containers.support``), overlapping the tests that run before them."""
+    if any(item.get_closest_marker("containers") for item in session.items):
+        from tests.containers.support import start_background_builds
+
+        start_background_builds()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "etcd_server" in getattr(item, "fixturenames", ()):

@@ -1,10 +1,17 @@
 """The danube-ingest image for the tests: ``make image``'s script (cached by its inputs, so a
-second build of the same tree reuses it)."""
+second build of the same tree reuses it).
+
+A run that collects container tests starts the builds in the background as soon as collection
+ends (``tests/conftest.py``), so they overlap the tests before them (the build is mostly
+downloads, disk and pip): first the image, then the same tree rebuilt from the base for the
+reproducibility check. ``background_builds`` waits for both and gives the two tags.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,3 +30,51 @@ def build(**env: str) -> str:
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     return run.stdout.strip().splitlines()[-1]
+
+
+class _Builds:
+    """The image, then a rebuild from scratch (``DANUBE_INGEST_IMAGE_REBUILD=1``), in a
+    thread; one after the other, since both use ``.deps/image``."""
+
+    def __init__(self) -> None:
+        self.tags: list[str] = []
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="image-builds", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.tags.append(build())
+            # (KEEP=2: a rebuild with another digest must not remove the first image.)
+            self.tags.append(build(DANUBE_INGEST_IMAGE_REBUILD="1", DANUBE_INGEST_IMAGE_KEEP="2"))
+        except BaseException as exc:  # (re-raised in the test that waits)
+            self.error = exc
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait(self) -> tuple[str, str]:
+        self._thread.join(timeout=1800)
+        assert not self._thread.is_alive(), "the image builds did not end in 30 min"
+        if self.error is not None:
+            raise self.error
+        built, rebuilt = self.tags
+        return built, rebuilt
+
+
+_builds: _Builds | None = None
+
+
+def start_background_builds() -> None:
+    """Start the builds (once per process)."""
+    global _builds
+    if _builds is None:
+        _builds = _Builds()
+        _builds.start()
+
+
+def background_builds() -> tuple[str, str]:
+    """(the image's tag, the tag of the same tree rebuilt from the base), once both are
+    built; starts them if collection did not."""
+    start_background_builds()
+    assert _builds is not None
+    return _builds.wait()
