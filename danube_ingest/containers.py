@@ -21,6 +21,18 @@ talks to it through podman's API socket. Everything the tests (and a developer) 
   a single-node KRaft Kafka with the tests' fast timings, on the host's network (its ports
   chosen free on loopback), its data on a host directory the image's user owns.
 
+* :func:`debian_image` builds ``localhost/danube-ingest-<name>:<key>``: a Debian root
+  filesystem (``debootstrap`` minbase with the packages asked for) imported as one layer, once
+  per suite and package list. :class:`PostgresContainer` runs PostgreSQL from such an image
+  (``postgresql``) as the package's ``postgres`` user, its port mapped on loopback: the same
+  server as :class:`danube_ingest.testing.LocalPostgres` (trust authentication, fsync off,
+  one database ``iceberg``).
+
+* :func:`moto_image` builds ``localhost/danube-ingest-moto:<key>``: moto's S3 server in a
+  virtualenv on a Debian ``python3`` image, installed offline from wheels ``pip wheel`` made
+  on this machine at the version the tests' virtualenv has. :class:`MotoContainer` runs it
+  with :class:`danube_ingest.testing.MotoServer`'s interface, its port mapped on loopback.
+
 The test fixtures use them when ``DANUBE_INGEST_SERVICES=containers`` (see ``tests/conftest.py``)
 and keep their child processes otherwise. Errors: :class:`ContainerError` naming the command
 and its output (podman missing, the service or a build failing, a container not healthy).
@@ -35,25 +47,31 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from danube_ingest.errors import DanubeIngestError
 from danube_ingest.metadata.server import FAST_FLAGS, find_etcd_binary
-from danube_ingest.testing import _distinct_free_ports, _ServerProcess
+from danube_ingest.testing import MotoServer, _distinct_free_ports, _ServerProcess
 
 __all__ = [
     "SERVICES_ENV",
     "ContainerError",
     "EtcdContainer",
     "KafkaContainer",
+    "MotoContainer",
     "PodmanService",
+    "PostgresContainer",
+    "debian_image",
     "etcd_image",
 ]
 
-#: ``containers``: the test fixtures start their services (etcd) in containers.
+#: ``containers``: the test fixtures start etcd, Kafka and PostgreSQL in containers.
 SERVICES_ENV = "DANUBE_INGEST_SERVICES"
 
 #: podman's global options: see the module docstring.
@@ -197,9 +215,30 @@ def etcd_image(service: PodmanService) -> str:
     return tag
 
 
-class EtcdContainer(_ServerProcess):
+class _Container(_ServerProcess):
+    """A service in one testcontainers container: ``container_id``, and ``stop`` (idempotent)
+    removing it with its anonymous volumes."""
+
+    _what = "the service"
+    _container: Any = None
+
+    @property
+    def container_id(self) -> str:
+        if self._container is None:
+            raise ContainerError(f"{self._what}'s container is not started")
+        return str(self._container.get_wrapped_container().id)
+
+    def stop(self) -> None:
+        container, self._container = self._container, None
+        if container is not None:
+            container.stop()
+
+
+class EtcdContainer(_Container):
     """A single-node etcd in a container of :func:`etcd_image`, healthy once started; its
     client URL is ``endpoint`` (``http://127.0.0.1:<mapped port>``)."""
+
+    _what = "etcd"
 
     def __init__(self, service: PodmanService, *, fast: bool = True) -> None:
         self._service = service
@@ -245,27 +284,18 @@ class EtcdContainer(_ServerProcess):
         finally:
             connection.close()
 
-    @property
-    def container_id(self) -> str:
-        if self._container is None:
-            raise ContainerError("the etcd container is not started")
-        return str(self._container.get_wrapped_container().id)
-
-    def stop(self) -> None:
-        container, self._container = self._container, None
-        if container is not None:
-            container.stop()
-
 
 #: The image's user (``tools/image/build.sh``): a bind-mounted data directory must be its.
 IMAGE_UID = 10001
 
 
-class KafkaContainer(_ServerProcess):
+class KafkaContainer(_Container):
     """``danube-ingest kafka`` in a container of the project's image (``image``: its tag),
     ready once started; ``bootstrap_servers`` is ``127.0.0.1:PORT``. The container uses the
     host's network (Kafka advertises the address it listens on, so a mapped port would
     advertise one clients cannot reach)."""
+
+    _what = "Kafka"
 
     def __init__(self, service: PodmanService, image: str, *, heap: str = "256m") -> None:
         self._service = service
@@ -305,16 +335,209 @@ class KafkaContainer(_ServerProcess):
                 raise ContainerError(f"Kafka in a container did not get ready: {logs[-2000:]}")
             time.sleep(0.5)
 
+    def stop(self) -> None:
+        super().stop()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+#: Debian suite and mirror of :func:`debian_image` (``DEBIAN_MIRROR``, as ``make image``).
+DEBIAN_SUITE = "bookworm"
+DEBIAN_MIRROR = os.environ.get("DEBIAN_MIRROR") or "http://deb.debian.org/debian"
+
+
+def debian_image(service: PodmanService, name: str, packages: list[str]) -> str:
+    """The tag of a Debian image with ``packages``, built with ``debootstrap`` (root) unless
+    podman's store has it. Not reproducible bit for bit (a test service's image, rebuilt only
+    when its package list changes); ``ContainerError`` when debootstrap is missing or fails."""
+    key = hashlib.sha256(f"{DEBIAN_SUITE} {sorted(packages)}".encode()).hexdigest()[:16]
+    tag = f"localhost/danube-ingest-{name}:{key}"
+    if service.podman("image", "exists", tag).returncode == 0:
+        return tag
+    debootstrap = shutil.which("debootstrap")
+    if debootstrap is None or os.geteuid() != 0:
+        raise ContainerError(
+            f"building {tag} needs root and debootstrap: apt-get install debootstrap"
+        )
+    with tempfile.TemporaryDirectory(prefix=f"danube-{name}-rootfs-") as work:
+        rootfs = Path(work) / "rootfs"
+        made = subprocess.run(
+            [debootstrap, "--variant=minbase", f"--include={','.join(packages)}",
+             DEBIAN_SUITE, str(rootfs), DEBIAN_MIRROR],
+            capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        if made.returncode != 0:
+            raise ContainerError(f"debootstrap for {tag} failed: {made.stderr[-2000:]}")
+        for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for entry in (rootfs / cache).glob("*"):
+                if entry.is_file():
+                    entry.unlink()
+        layer = Path(work) / "rootfs.tar"
+        subprocess.run(["tar", "-C", str(rootfs), "-cf", str(layer), "."], check=True)
+        imported = service.podman("import", "--quiet", str(layer), tag)
+    if imported.returncode != 0:
+        raise ContainerError(f"importing {tag} failed: {imported.stderr.strip()[-2000:]}")
+    return tag
+
+
+class PostgresContainer(_Container):
+    """PostgreSQL in a container of ``debian_image(..., "postgres", ["postgresql"])``, ready
+    once started: the interface of :class:`danube_ingest.testing.LocalPostgres` (``url``,
+    ``url_of``, ``create_database``), its port mapped on loopback."""
+
+    _what = "PostgreSQL"
+    user = "danube"
+    database = "iceberg"
+
+    def __init__(self, service: PodmanService) -> None:
+        self._service = service
+        self._container: Any = None
+        self.port = 0
+
     @property
-    def container_id(self) -> str:
+    def url(self) -> str:
+        """``postgresql+psycopg2://danube@127.0.0.1:PORT/iceberg``."""
+        return self.url_of(self.database)
+
+    def url_of(self, database: str) -> str:
+        """The SQLAlchemy URL of ``database`` on this server."""
+        return f"postgresql+psycopg2://{self.user}@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> None:
+        """A new database (a catalog of its own for one test)."""
+        import psycopg2
+
+        connection = psycopg2.connect(
+            host="127.0.0.1", port=self.port, user=self.user, dbname="postgres", connect_timeout=5
+        )
+        try:
+            connection.autocommit = True
+            with connection.cursor() as cursor:
+                cursor.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            connection.close()
+
+    def start(self, timeout: float = 60.0) -> None:
+        os.environ.update(self._service.environment())  # (testcontainers reads them)
+        from testcontainers.core.container import DockerContainer
+
+        image = debian_image(self._service, "postgres", ["postgresql"])
+        binaries = "$(ls -d /usr/lib/postgresql/*/bin)"
+        # (Clients come through podman's port mapping, from its bridge's address: trusted, as
+        # LocalPostgres trusts loopback; the port is mapped on the host's loopback only.)
+        script = (
+            f"B={binaries} && $B/initdb -D /tmp/pg -U {self.user} --auth=trust -E UTF8 "
+            "--no-sync >/dev/null && echo 'host all all 0.0.0.0/0 trust' >>/tmp/pg/pg_hba.conf "
+            "&& exec $B/postgres -D /tmp/pg -k /tmp "
+            "-c listen_addresses=* -c fsync=off -c full_page_writes=off"
+        )
+        container = DockerContainer(image, command=["sh", "-c", script])  # type: ignore[arg-type]
+        container = container.with_kwargs(user="postgres").with_exposed_ports(5432)
+        self._container = container.start()
+        self.port = int(container.get_exposed_port(5432))
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.create_database(self.database)
+                return
+            except Exception as exc:  # (psycopg2.OperationalError until it accepts)
+                if time.monotonic() > deadline:
+                    logs = b"".join(container.get_logs()).decode(errors="replace")[-2000:]
+                    self.stop()
+                    raise ContainerError(
+                        f"PostgreSQL in a container did not start: {logs}"
+                    ) from exc
+            time.sleep(0.3)
+
+
+_MOTO_CONTAINERFILE = """FROM {base}
+COPY wheels /tmp/wheels
+RUN python3 -m venv /opt/moto && /opt/moto/bin/pip install --quiet --no-index \\
+    --find-links /tmp/wheels "moto[server]=={version}" && rm -rf /tmp/wheels
+ENTRYPOINT ["/opt/moto/bin/moto_server"]
+"""
+
+
+def moto_image(service: PodmanService) -> str:
+    """The tag of the moto image (module docstring), built unless podman's store has it.
+    Needs the ``moto`` this process imports (the tests' virtualenv) and, for its base, what
+    :func:`debian_image` needs."""
+    from importlib.metadata import version
+
+    moto = version("moto")
+    base = debian_image(service, "python", ["python3", "python3-venv"])
+    with tempfile.TemporaryDirectory(prefix="danube-moto-image-") as context:
+        wheels = Path(context) / "wheels"
+        made = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
+             "-w", str(wheels), f"moto[server]=={moto}"],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        if made.returncode != 0:
+            raise ContainerError(f"pip wheel moto[server]=={moto} failed: {made.stderr[-2000:]}")
+        containerfile = _MOTO_CONTAINERFILE.format(base=base, version=moto)
+        names = sorted(p.name for p in wheels.iterdir())
+        key = hashlib.sha256("\n".join([containerfile, *names]).encode()).hexdigest()[:16]
+        tag = f"localhost/danube-ingest-moto:{key}"
+        if service.podman("image", "exists", tag).returncode == 0:
+            return tag
+        (Path(context) / "Containerfile").write_text(containerfile)
+        built = service.podman("build", "--quiet", "--network", "none", "--tag", tag, context)
+    if built.returncode != 0:
+        raise ContainerError(f"building {tag} failed: {built.stderr.strip()[-2000:]}")
+    return tag
+
+
+class MotoContainer(MotoServer):
+    """moto's S3 server in a container of :func:`moto_image`: ``MotoServer``'s interface
+    (``endpoint``, ``create_bucket``, ``options``, ``log_text``), its port mapped on
+    loopback. ``auth=True`` makes it check signatures, as ``MotoServer(auth=True)``."""
+
+    def __init__(self, service: PodmanService, *, auth: bool = False) -> None:
+        super().__init__(auth=auth)
+        self._service = service
+        self._container: Any = None
+
+    def start(self, timeout: float = 60.0) -> None:
+        os.environ.update(self._service.environment())  # (testcontainers reads them)
+        from testcontainers.core.container import DockerContainer
+
+        container = DockerContainer(moto_image(self._service), command="-H 0.0.0.0 -p 5000")
+        container = container.with_exposed_ports(5000)
+        if self.auth:
+            container = container.with_env("INITIAL_NO_AUTH_ACTION_COUNT", "0")
+        self._container = container.start()
+        self.port = int(container.get_exposed_port(5000))
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.create_bucket("danube-ready-probe")
+                self._delete_probe()
+                return
+            except urllib.error.HTTPError:
+                return  # it answers (auth on: refused); the status does not matter
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    logs = self.log_text()[-2000:]
+                    self.stop()
+                    raise ContainerError(f"moto in a container did not answer: {logs}") from exc
+            time.sleep(0.2)
+
+    def _delete_probe(self) -> None:
+        request = urllib.request.Request(f"{self.endpoint}/danube-ready-probe", method="DELETE")
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            request, timeout=10
+        ) as response:
+            response.read()
+
+    def log_text(self) -> str:
+        """What the server logged so far: one line per request served."""
         if self._container is None:
-            raise ContainerError("the Kafka container is not started")
-        return str(self._container.get_wrapped_container().id)
+            return ""
+        return b"".join(self._container.get_logs()).decode(errors="replace")
 
     def stop(self) -> None:
         container, self._container = self._container, None
         if container is not None:
             container.stop()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None

@@ -7,8 +7,9 @@
 * ``etcd_kv``: an ``EtcdKV`` connected to it, closed after the test.
 * ``kv``: the same test twice, on ``MemoryKV`` and on ``EtcdKV`` (contract tests).
 * ``keys``: ``Keys`` on a fresh random prefix, so tests sharing the server never collide.
-* ``s3_server`` (session): a ``MotoServer`` (moto S3 in a child process). Every test that uses
-  it is marked ``s3`` automatically.
+* ``s3_server`` (session): a ``MotoServer`` (moto S3 in a child process; with
+  ``DANUBE_INGEST_SERVICES=containers`` a ``MotoContainer``). Every test that uses it is marked
+  ``s3`` automatically.
 * ``kafka_server`` (session): the bootstrap servers of a single-node KRaft Kafka (``LocalKafka``;
   with ``DANUBE_INGEST_SERVICES=containers``, ``danube-ingest kafka`` in a container of the
   project's image). Tests that use it are marked ``kafka``.
@@ -31,7 +32,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from danube_ingest.containers import SERVICES_ENV, EtcdContainer, KafkaContainer, PodmanService
+from danube_ingest.containers import (
+    SERVICES_ENV,
+    EtcdContainer,
+    KafkaContainer,
+    MotoContainer,
+    PodmanService,
+    PostgresContainer,
+)
 from danube_ingest.metadata import KV, EtcdKV, Keys, MemoryKV
 from danube_ingest.testing import LocalEtcd, LocalKafka, LocalPostgres, MotoServer
 
@@ -113,13 +121,23 @@ def kafka_server() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[LocalPostgres]:
-    """One PostgreSQL server for the session (an Iceberg catalog database)."""
+    """One PostgreSQL server for the session (an Iceberg catalog database). With
+    ``DANUBE_INGEST_SERVICES=containers``: in a container of a Debian image with PostgreSQL
+    (built once per package list), the same interface."""
+    if os.environ.get(SERVICES_ENV) == "containers":
+        with PodmanService() as service, PostgresContainer(service) as container:
+            yield container  # type: ignore[misc]
+        return
     with LocalPostgres() as server:
         yield server
 
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[MotoServer]:
+    if os.environ.get(SERVICES_ENV) == "containers":
+        with PodmanService() as service, MotoContainer(service) as container:
+            yield container
+        return
     with MotoServer() as server:
         yield server
 

@@ -11,11 +11,14 @@ ports run unchanged on free ones (``run_readme_line``).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
 import sys
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Seconds one command may take.
@@ -101,3 +104,19 @@ def readme_block(marker: str) -> list[str]:
         if marker in body:
             return [line for line in body.replace("\\\n", "").strip().splitlines() if line]
     raise AssertionError(f"no bash block in README.md contains {marker!r}")
+
+
+def graphql(url: str, query: str, timeout: float = 5.0) -> dict[str, Any] | None:
+    """A Dagster UI's answer (``data``) to ``query`` at ``url``; ``None`` while it is not up."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(
+        f"{url}/graphql",
+        data=json.dumps({"query": query}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            data: dict[str, Any] = json.loads(response.read())["data"]
+            return data
+    except OSError:
+        return None

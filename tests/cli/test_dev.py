@@ -12,14 +12,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from danube_ingest.testing import free_port
+from tests.cli.cli_support import graphql
 
 pytestmark = [pytest.mark.etcd, pytest.mark.dagster]
 
@@ -38,25 +37,9 @@ _REPOSITORY = """{ repositoriesOrError { ... on RepositoryConnection { nodes {
   allTopLevelResourceDetails { name configuredValues { key value } } } } } }"""
 
 
-def _graphql(url: str, query: str) -> dict[str, Any] | None:
-    """The UI's answer to ``query``, ``None`` while the UI is not up yet."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    request = urllib.request.Request(
-        f"{url}/graphql",
-        data=json.dumps({"query": query}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with opener.open(request, timeout=2) as response:
-            data: dict[str, Any] = json.loads(response.read())["data"]
-            return data
-    except OSError:
-        return None
-
-
 def _code_locations(url: str) -> list[dict[str, object]] | None:
     """The UI's code locations (GraphQL), ``None`` while the UI is not up yet."""
-    data = _graphql(url, _LOCATIONS)
+    data = graphql(url, _LOCATIONS)
     if data is None:
         return None
     entries: list[dict[str, object]] = data["workspaceOrError"]["locationEntries"]
@@ -104,7 +87,7 @@ def test_ctrl_c_stops_broker_then_dagster_then_etcd(tmp_path: Path) -> None:
         assert entries[0]["locationOrLoadError"] == {"__typename": "RepositoryLocation"}, entries
         # The Parquet asset with its table partitions (dynamic) and its checks, and the sensor;
         # the location got the data directory to find the object store in.
-        data = _graphql(f"http://127.0.0.1:{dagster_port}", _REPOSITORY)
+        data = graphql(f"http://127.0.0.1:{dagster_port}", _REPOSITORY)
         assert data is not None
         (repository,) = data["repositoriesOrError"]["nodes"]
         assert {"name": "parquet_topics_sensor", "sensorState": {"status": "RUNNING"}} in (

@@ -1,7 +1,9 @@
 """Run by ``test_etcd_container.py`` and ``test_kafka_container.py`` in a pytest of their own
 with ``DANUBE_INGEST_SERVICES=containers`` (not collected otherwise: the name is not
 ``test_*``): the suite's ``etcd_server`` is served by a container, its client port mapped on
-loopback; its ``kafka_server`` by a container of the project's image on the host's network."""
+loopback; its ``kafka_server`` by a container of the project's image on the host's network;
+its ``postgres_server`` and ``s3_server`` by containers of Debian images with PostgreSQL and
+moto."""
 
 from __future__ import annotations
 
@@ -53,3 +55,27 @@ def test_kafka_server_is_a_container(kafka_server: str, tmp_path: Path) -> None:
         and port in c["Command"]
     ]  # fmt: skip
     assert len(kafkas) == 1, (kafka_server, running)
+
+
+def test_postgres_server_is_a_container(postgres_server: Any, tmp_path: Path) -> None:
+    assert os.environ[SERVICES_ENV] == "containers"
+    running = _running(tmp_path)
+    ports = [
+        mapping.get("host_port")
+        for container in running
+        if container["Image"].startswith("localhost/danube-ingest-postgres:")
+        for mapping in container.get("Ports") or []
+    ]
+    assert postgres_server.port in ports, (postgres_server.url, running)
+
+
+def test_s3_server_is_a_container(s3_server: Any, tmp_path: Path) -> None:
+    assert os.environ[SERVICES_ENV] == "containers"
+    running = _running(tmp_path)
+    ports = [
+        mapping.get("host_port")
+        for container in running
+        if container["Image"].startswith("localhost/danube-ingest-moto:")
+        for mapping in container.get("Ports") or []
+    ]
+    assert s3_server.port in ports, (s3_server.endpoint, running)

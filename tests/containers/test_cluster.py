@@ -24,6 +24,7 @@ import pytest
 from danube_ingest.cluster import ClusterSpec
 from danube_ingest.metadata.server import port_in_use
 from tests.broker.support import Clients, payloads
+from tests.cli.cli_support import graphql
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -79,21 +80,6 @@ def _ready(port: int) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
-
-
-def _graphql(port: int, query: str) -> dict[str, Any] | None:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql",
-        data=json.dumps({"query": query}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with opener.open(request, timeout=5) as response:
-            data: dict[str, Any] = json.loads(response.read())["data"]
-            return data
-    except OSError:
-        return None
 
 
 def _owner(etcd: tuple[str, ...], topic: str) -> str | None:
@@ -207,12 +193,12 @@ async def test_the_documented_cluster_takes_over_a_killed_broker_from_kafka(
 
     # The Dagster UI: the code location loaded, against the cluster's etcd and object store.
     def loaded() -> bool:
-        data = _graphql(spec.dagster_port, _LOCATION)
+        data = graphql(f"http://127.0.0.1:{spec.dagster_port}", _LOCATION)
         entries = data and data["workspaceOrError"]["locationEntries"]
         return bool(entries and entries[0]["loadStatus"] == "LOADED")
 
     _wait("the Dagster code location", loaded, 240, logs)
-    data = _graphql(spec.dagster_port, _RESOURCES)
+    data = graphql(f"http://127.0.0.1:{spec.dagster_port}", _RESOURCES)
     assert data is not None
     (repository,) = data["repositoriesOrError"]["nodes"]
     values = {
