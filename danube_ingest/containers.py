@@ -381,6 +381,10 @@ def debian_image(service: PodmanService, name: str, packages: list[str]) -> str:
     return tag
 
 
+#: The packages of PostgresContainer's image (``debian_image(..., "postgres", ...)``).
+POSTGRES_PACKAGES = ["postgresql"]
+
+
 class PostgresContainer(_Container):
     """PostgreSQL in a container of ``debian_image(..., "postgres", ["postgresql"])``, ready
     once started: the interface of :class:`danube_ingest.testing.LocalPostgres` (``url``,
@@ -422,7 +426,7 @@ class PostgresContainer(_Container):
         os.environ.update(self._service.environment())  # (testcontainers reads them)
         from testcontainers.core.container import DockerContainer
 
-        image = debian_image(self._service, "postgres", ["postgresql"])
+        image = debian_image(self._service, "postgres", POSTGRES_PACKAGES)
         binaries = "$(ls -d /usr/lib/postgresql/*/bin)"
         # (Clients come through podman's port mapping, from its bridge's address: trusted, as
         # LocalPostgres trusts loopback; the port is mapped on the host's loopback only.)

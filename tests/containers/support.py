@@ -4,7 +4,8 @@ second build of the same tree reuses it).
 A run that collects container tests starts the builds in the background as soon as collection
 ends (``tests/conftest.py``), so they overlap the tests before them (the build is mostly
 downloads, disk and pip): first the image, then the same tree rebuilt from the base for the
-reproducibility check. ``background_builds`` waits for both and gives the two tags.
+reproducibility check, then the PostgreSQL and moto images of the fixtures' container mode.
+``background_builds`` waits for all and gives the two tags.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import os
 import subprocess
 import threading
 from pathlib import Path
+
+from danube_ingest.containers import POSTGRES_PACKAGES, PodmanService, debian_image, moto_image
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,6 +49,10 @@ class _Builds:
             self.tags.append(build())
             # (KEEP=2: a rebuild with another digest must not remove the first image.)
             self.tags.append(build(DANUBE_INGEST_IMAGE_REBUILD="1", DANUBE_INGEST_IMAGE_KEEP="2"))
+            # The services' images too (each once per content), for the fixture tests.
+            with PodmanService() as service:
+                debian_image(service, "postgres", POSTGRES_PACKAGES)
+                moto_image(service)
         except BaseException as exc:  # (re-raised in the test that waits)
             self.error = exc
 

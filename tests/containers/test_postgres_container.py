@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(1200
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_suites_postgres_fixture_runs_in_a_container_when_asked() -> None:
+def test_the_suites_postgres_fixture_runs_in_a_container_when_asked(image: str) -> None:
+    """(``image``: waits for the run's background builds, which make this image too.)"""
     env = {**os.environ, SERVICES_ENV: "containers"}
     run = subprocess.run(
         [
