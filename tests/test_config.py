@@ -195,6 +195,17 @@ def test_file_errors_name_the_file_and_key(tmp_path: Path) -> None:
     )
 
 
+def test_a_home_of_an_unknown_user_is_a_config_error(tmp_path: Path) -> None:
+    """``~name`` of a user the machine does not have (the config fuzzer's ``~0``) is the
+    key's error, not pathlib's RuntimeError."""
+    path = write(tmp_path, "broker:\n  data_dir: ~0/data\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert (
+        str(info.value) == f"{path}: broker.data_dir: cannot expand '~0/data': no such user (~name)"
+    )
+
+
 # ---------------------------------------------------------------------- env interpolation
 
 

@@ -148,7 +148,10 @@ def _expand_path(value: object) -> object:
         text = os.fspath(value)
         if not isinstance(text, str) or not text.strip():
             raise ConfigError("must be a non-empty path")
-        return Path(text).expanduser()
+        try:
+            return Path(text).expanduser()
+        except RuntimeError:  # ~name of a user this machine does not have
+            raise ConfigError(f"cannot expand {text!r}: no such user (~name)") from None
     return value
 
 
