@@ -17,17 +17,21 @@
   that use it are marked ``postgres``.
 * ``certs`` (session): a CA, server and client certificates as PEM files (``tests.certs``).
 * ``produced`` (session): three topics produced through danube-client into the real daemon
-  (``tests.analytics.daemon_support``), made once for every test that needs them (about a
-  minute). Its ``objects`` directory is shared and read-only by convention: a test that writes
-  (a warehouse, damaged objects) writes to its own copy or its own root, and converts on its
-  own ``clone`` of the etcd prefix.
+  (``tests.analytics.daemon_support``), made once for every test that needs them (a minute or
+  two, in a child process started before the first test of a session that needs it). Its
+  ``objects`` directory is shared and read-only by convention: a test that writes (a
+  warehouse, damaged objects) writes to its own copy or its own root, and converts on its own
+  ``clone`` of the etcd prefix.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -48,16 +52,30 @@ if TYPE_CHECKING:
     from tests.certs import Certs
 
 
+#: Set when a collected test uses ``produced``: its production starts before the first test.
+_EARLY_PRODUCTION = pytest.StashKey[bool]()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Container tests collected: build their image in the background from now on
-    (``tests.containers.support``), overlapping the tests that run before them."""
+    (``tests.containers.support``), overlapping the tests that run before them. A test using
+    ``produced`` collected: ``_production`` starts it before the first test."""
     if any(item.get_closest_marker("containers") for item in session.items):
         from tests.containers.support import start_background_builds
 
         start_background_builds()
+    if any("produced" in getattr(item, "fixturenames", ()) for item in session.items):
+        session.config.stash[_EARLY_PRODUCTION] = True
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A module with a test using ``produced`` runs after its directory's other modules, so the
+    # production's minute boundaries pass while those run.
+    directories: dict[Path, int] = {}
+    late = {item.path for item in items if "produced" in getattr(item, "fixturenames", ())}
+    items.sort(
+        key=lambda i: (directories.setdefault(i.path.parent, len(directories)), i.path in late)
+    )
     for item in items:
         if "etcd_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.etcd)
@@ -149,9 +167,60 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     return make_certs(tmp_path_factory.mktemp("certs"))
 
 
+class _Production:
+    """``produce_topics`` in a child process (``python -m tests.analytics.daemon_support``):
+    most of its minute or two is waiting for minute boundaries, which then pass while the
+    tests before the first user of ``produced`` run."""
+
+    def __init__(self, endpoint: str, base: Path) -> None:
+        self._out = base / "produced.json"
+        self._log = base / "production.log"
+        with self._log.open("wb") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "tests.analytics.daemon_support", endpoint, str(base),
+                 str(self._out)],
+                cwd=Path(__file__).resolve().parents[1], stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def result(self, timeout: float = 400.0) -> Produced:
+        from tests.analytics.daemon_support import produced_from_json
+
+        try:
+            code = self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            code = None
+        log = self._log.read_text(errors="replace")[-4000:]
+        assert code == 0 and self._out.exists(), f"production ended with {code}:\n{log}"
+        return produced_from_json(self._out.read_text())
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _production(request: pytest.FixtureRequest) -> Iterator[_Production | None]:
+    """The production behind ``produced``, started before the first test of a session that
+    uses it (None in one that does not)."""
+    if not request.config.stash.get(_EARLY_PRODUCTION, False):
+        yield None
+        return
+    endpoint = request.getfixturevalue("etcd_server")
+    base = request.getfixturevalue("tmp_path_factory").mktemp("daemon")
+    production = _Production(endpoint, base)
+    yield production
+    production.stop()
+
+
 @pytest.fixture(scope="session")
-def produced(etcd_server: str, tmp_path_factory: pytest.TempPathFactory) -> Produced:
+def produced(
+    _production: _Production | None, etcd_server: str, tmp_path_factory: pytest.TempPathFactory
+) -> Produced:
     """The real daemon's output for three topics (see the module docstring)."""
+    if _production is not None:
+        return _production.result()
     # Imported here: the daemon support pulls in danube-client, which most tests never need.
     from tests.analytics.daemon_support import produce_topics
 

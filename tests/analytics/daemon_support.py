@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +202,21 @@ async def _produce(endpoint: str, base: Path) -> Produced:
 def produce_topics(endpoint: str, base: Path) -> Produced:
     """Run the daemon and the producers (about one to two minutes: two minute boundaries)."""
     return asyncio.run(_produce(endpoint, base))
+
+
+def produced_to_json(produced: Produced) -> str:
+    return json.dumps({**asdict(produced), "objects": str(produced.objects)})
+
+
+def produced_from_json(text: str) -> Produced:
+    fields = json.loads(text)
+    return Produced(**{**fields, "objects": Path(fields["objects"])})
+
+
+if __name__ == "__main__":
+    # python -m tests.analytics.daemon_support ENDPOINT BASE OUT: produce_topics in a child
+    # process (tests/conftest.py starts it before the first test, so its minute boundaries
+    # pass while other tests run); OUT gets the Produced as JSON.
+    endpoint, base, out = sys.argv[1:4]
+    Path(out + ".part").write_text(produced_to_json(produce_topics(endpoint, Path(base))))
+    Path(out + ".part").rename(out)
