@@ -29,9 +29,11 @@ talks to it through podman's API socket. Everything the tests (and a developer) 
   one database ``iceberg``).
 
 * :func:`moto_image` builds ``localhost/danube-ingest-moto:<key>``: moto's S3 server in a
-  virtualenv on a Debian ``python3`` image, installed offline from wheels ``pip wheel`` made
-  on this machine at the version the tests' virtualenv has. :class:`MotoContainer` runs it
-  with :class:`danube_ingest.testing.MotoServer`'s interface, its port mapped on loopback.
+  virtualenv on a Debian ``python3`` image (``make image``'s Debian base imported by
+  :func:`imported_image`, or a :func:`debian_image` of its own), installed offline from wheels
+  ``pip wheel`` made on this machine at the version the tests' virtualenv has.
+  :class:`MotoContainer` runs it (``image``; by default it builds one) with
+  :class:`danube_ingest.testing.MotoServer`'s interface, its port mapped on loopback.
 
 The test fixtures use them when ``DANUBE_INGEST_SERVICES=containers`` (see ``tests/conftest.py``)
 and keep their child processes otherwise. Errors: :class:`ContainerError` naming the command
@@ -69,6 +71,8 @@ __all__ = [
     "PostgresContainer",
     "debian_image",
     "etcd_image",
+    "imported_image",
+    "moto_image",
 ]
 
 #: ``containers``: the test fixtures start etcd, Kafka and PostgreSQL in containers.
@@ -455,22 +459,43 @@ class PostgresContainer(_Container):
             time.sleep(0.3)
 
 
+def imported_image(service: PodmanService, layer: Path, name: str) -> str:
+    """The tag of an image whose root filesystem is the tar ``layer`` (one layer, imported
+    unless podman's store has it): ``localhost/danube-ingest-<name>:<key>``, the key a digest
+    of the tar's name and size (for tars named by their content, as ``make image``'s base)."""
+    stat = layer.stat()
+    key = hashlib.sha256(f"{layer.name} {stat.st_size}".encode()).hexdigest()[:16]
+    tag = f"localhost/danube-ingest-{name}:{key}"
+    if service.podman("image", "exists", tag).returncode == 0:
+        return tag
+    imported = service.podman("import", "--quiet", str(layer), tag)
+    if imported.returncode != 0:
+        raise ContainerError(f"importing {tag} failed: {imported.stderr.strip()[-2000:]}")
+    return tag
+
+
+#: The Debian packages a base of :func:`moto_image` must have.
+PYTHON_PACKAGES = ["python3", "python3-venv"]
+
+# (The wheels are bind-mounted for the one RUN step: one layer more than the base, not two.)
 _MOTO_CONTAINERFILE = """FROM {base}
-COPY wheels /tmp/wheels
-RUN python3 -m venv /opt/moto && /opt/moto/bin/pip install --quiet --no-index \\
-    --find-links /tmp/wheels "moto[server]=={version}" && rm -rf /tmp/wheels
+RUN --mount=type=bind,source=wheels,target=/tmp/wheels python3 -m venv /opt/moto \\
+    && /opt/moto/bin/pip install --quiet --no-index --no-compile --find-links /tmp/wheels \\
+    "moto[server]=={version}"
 ENTRYPOINT ["/opt/moto/bin/moto_server"]
 """
 
 
-def moto_image(service: PodmanService) -> str:
-    """The tag of the moto image (module docstring), built unless podman's store has it.
-    Needs the ``moto`` this process imports (the tests' virtualenv) and, for its base, what
-    :func:`debian_image` needs."""
+def moto_image(service: PodmanService, base: str | None = None) -> str:
+    """The tag of the moto image (module docstring), built unless podman's store has it, on
+    ``base`` (an image with :data:`PYTHON_PACKAGES`; by default ``debian_image`` of those,
+    which needs what :func:`debian_image` needs). Needs the ``moto`` this process imports
+    (the tests' virtualenv)."""
     from importlib.metadata import version
 
     moto = version("moto")
-    base = debian_image(service, "python", ["python3", "python3-venv"])
+    if base is None:
+        base = debian_image(service, "python", PYTHON_PACKAGES)
     with tempfile.TemporaryDirectory(prefix="danube-moto-image-") as context:
         wheels = Path(context) / "wheels"
         made = subprocess.run(
@@ -494,20 +519,25 @@ def moto_image(service: PodmanService) -> str:
 
 
 class MotoContainer(MotoServer):
-    """moto's S3 server in a container of :func:`moto_image`: ``MotoServer``'s interface
-    (``endpoint``, ``create_bucket``, ``options``, ``log_text``), its port mapped on
-    loopback. ``auth=True`` makes it check signatures, as ``MotoServer(auth=True)``."""
+    """moto's S3 server in a container of ``image`` (:func:`moto_image`'s tag; built with its
+    defaults when not given): ``MotoServer``'s interface (``endpoint``, ``create_bucket``,
+    ``options``, ``log_text``), its port mapped on loopback. ``auth=True`` makes it check
+    signatures, as ``MotoServer(auth=True)``."""
 
-    def __init__(self, service: PodmanService, *, auth: bool = False) -> None:
+    def __init__(
+        self, service: PodmanService, image: str | None = None, *, auth: bool = False
+    ) -> None:
         super().__init__(auth=auth)
         self._service = service
+        self._image = image
         self._container: Any = None
 
     def start(self, timeout: float = 60.0) -> None:
         os.environ.update(self._service.environment())  # (testcontainers reads them)
         from testcontainers.core.container import DockerContainer
 
-        container = DockerContainer(moto_image(self._service), command="-H 0.0.0.0 -p 5000")
+        image = self._image or moto_image(self._service)
+        container = DockerContainer(image, command="-H 0.0.0.0 -p 5000")
         container = container.with_exposed_ports(5000)
         if self.auth:
             container = container.with_env("INITIAL_NO_AUTH_ACTION_COUNT", "0")

@@ -60,6 +60,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Container tests collected: build their image in the background from now on
     (``tests.containers.support``), overlapping the tests that run before them. A test using
     ``produced`` collected: ``_production`` starts it before the first test."""
+    if session.config.option.collectonly:
+        return
     if any(item.get_closest_marker("containers") for item in session.items):
         from tests.containers.support import start_background_builds
 
@@ -153,7 +155,12 @@ def postgres_server() -> Iterator[LocalPostgres]:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[MotoServer]:
     if os.environ.get(SERVICES_ENV) == "containers":
-        with PodmanService() as service, MotoContainer(service) as container:
+        from tests.containers.support import fixture_moto_image
+
+        with (
+            PodmanService() as service,
+            MotoContainer(service, fixture_moto_image(service)) as container,
+        ):
             yield container
         return
     with MotoServer() as server:

@@ -15,7 +15,14 @@ import subprocess
 import threading
 from pathlib import Path
 
-from danube_ingest.containers import POSTGRES_PACKAGES, PodmanService, debian_image, moto_image
+from danube_ingest.containers import (
+    POSTGRES_PACKAGES,
+    PYTHON_PACKAGES,
+    PodmanService,
+    debian_image,
+    imported_image,
+    moto_image,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +42,21 @@ def build(**env: str) -> str:
     return run.stdout.strip().splitlines()[-1]
 
 
+def python_base(service: PodmanService) -> str:
+    """An image with Python and venv: ``make image``'s Debian base (its packages include
+    them) imported from ``.deps/image``, the newest when there are several; a ``debian_image``
+    of its own (another debootstrap) when this tree has not built the image."""
+    tars = sorted((ROOT / ".deps" / "image").glob("base-*.tar"), key=lambda t: t.stat().st_mtime)
+    if not tars:
+        return debian_image(service, "python", PYTHON_PACKAGES)
+    return imported_image(service, tars[-1], "base")
+
+
+def fixture_moto_image(service: PodmanService) -> str:
+    """The moto image of the ``s3_server`` fixture's container mode, on :func:`python_base`."""
+    return moto_image(service, python_base(service))
+
+
 class _Builds:
     """The image, then a rebuild from scratch (``DANUBE_INGEST_IMAGE_REBUILD=1``), in a
     thread; one after the other, since both use ``.deps/image``."""
@@ -52,7 +74,7 @@ class _Builds:
             # The services' images too (each once per content), for the fixture tests.
             with PodmanService() as service:
                 debian_image(service, "postgres", POSTGRES_PACKAGES)
-                moto_image(service)
+                fixture_moto_image(service)
         except BaseException as exc:  # (re-raised in the test that waits)
             self.error = exc
 
