@@ -145,7 +145,12 @@ def postgres_server() -> Iterator[LocalPostgres]:
     ``DANUBE_INGEST_SERVICES=containers``: in a container of a Debian image with PostgreSQL
     (built once per package list), the same interface."""
     if os.environ.get(SERVICES_ENV) == "containers":
-        with PodmanService() as service, PostgresContainer(service) as container:
+        from tests.containers.support import fixture_postgres_image
+
+        with (
+            PodmanService() as service,
+            PostgresContainer(service, fixture_postgres_image(service)) as container,
+        ):
             yield container  # type: ignore[misc]
         return
     with LocalPostgres() as server:

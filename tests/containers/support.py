@@ -42,10 +42,10 @@ def build(**env: str) -> str:
     return run.stdout.strip().splitlines()[-1]
 
 
-def python_base(service: PodmanService) -> str:
-    """An image with Python and venv: ``make image``'s Debian base (its packages include
-    them) imported from ``.deps/image``, the newest when there are several; a ``debian_image``
-    of its own (another debootstrap) when this tree has not built the image."""
+def debian_base(service: PodmanService) -> str:
+    """``make image``'s Debian base (bookworm; python3 and venv among its packages) imported
+    from ``.deps/image``, the newest when there are several; a ``debian_image`` with Python of
+    its own (a debootstrap) when this tree has not built the image."""
     tars = sorted((ROOT / ".deps" / "image").glob("base-*.tar"), key=lambda t: t.stat().st_mtime)
     if not tars:
         return debian_image(service, "python", PYTHON_PACKAGES)
@@ -53,8 +53,14 @@ def python_base(service: PodmanService) -> str:
 
 
 def fixture_moto_image(service: PodmanService) -> str:
-    """The moto image of the ``s3_server`` fixture's container mode, on :func:`python_base`."""
-    return moto_image(service, python_base(service))
+    """The moto image of the ``s3_server`` fixture's container mode, on :func:`debian_base`."""
+    return moto_image(service, debian_base(service))
+
+
+def fixture_postgres_image(service: PodmanService) -> str:
+    """The PostgreSQL image of the ``postgres_server`` fixture's container mode: PostgreSQL
+    installed on :func:`debian_base`."""
+    return debian_image(service, "postgres", POSTGRES_PACKAGES, base=debian_base(service))
 
 
 class _Builds:
@@ -73,7 +79,7 @@ class _Builds:
             self.tags.append(build(DANUBE_INGEST_IMAGE_REBUILD="1", DANUBE_INGEST_IMAGE_KEEP="2"))
             # The services' images too (each once per content), for the fixture tests.
             with PodmanService() as service:
-                debian_image(service, "postgres", POSTGRES_PACKAGES)
+                fixture_postgres_image(service)
                 fixture_moto_image(service)
         except BaseException as exc:  # (re-raised in the test that waits)
             self.error = exc

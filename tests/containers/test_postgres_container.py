@@ -1,7 +1,8 @@
 """The suite's ``postgres_server`` in a container: with ``DANUBE_INGEST_SERVICES=containers`` the
-fixture runs PostgreSQL from a Debian image built here (``debian_image``, debootstrap, once per
-package list), and the Iceberg catalog test on PostgreSQL passes against it (pyiceberg's
-SqlCatalog publishes, Spark SQL reads the table by name through the same database)."""
+fixture runs PostgreSQL from a Debian image built here (``debian_image``: PostgreSQL installed
+on ``make image``'s Debian base, once per package list and base), and the Iceberg catalog test
+on PostgreSQL passes against it (pyiceberg's SqlCatalog publishes, Spark SQL reads the table by
+name through the same database)."""
 
 from __future__ import annotations
 
