@@ -21,20 +21,20 @@ talks to it through podman's API socket. Everything the tests (and a developer) 
   a single-node KRaft Kafka with the tests' fast timings, on the host's network (its ports
   chosen free on loopback), its data on a host directory the image's user owns.
 
-* :func:`debian_image` builds ``localhost/danube-ingest-<name>:<key>``: a Debian root
-  filesystem (``debootstrap`` minbase with the packages asked for) imported as one layer, or
-  those packages installed by ``apt-get`` on a Debian base image; once per suite, package list
-  and base. :class:`PostgresContainer` runs PostgreSQL from such an image
-  (``postgresql``) as the package's ``postgres`` user, its port mapped on loopback: the same
-  server as :class:`danube_ingest.testing.LocalPostgres` (trust authentication, fsync off,
-  one database ``iceberg``).
+* :func:`imported_image` makes an image of one root filesystem tar: the suite imports ``make
+  image``'s Debian base (``.deps/image/base-*.tar``) as the base of the two images below.
+
+* :func:`debian_image` builds ``localhost/danube-ingest-<name>:<key>``: Debian packages
+  installed by ``apt-get`` on a Debian base image, once per package list and base.
+  :class:`PostgresContainer` runs PostgreSQL from such an image (``postgresql``) as the
+  package's ``postgres`` user, its port mapped on loopback: the same server as
+  :class:`danube_ingest.testing.LocalPostgres` (trust authentication, fsync off, one database
+  ``iceberg``).
 
 * :func:`moto_image` builds ``localhost/danube-ingest-moto:<key>``: moto's S3 server in a
-  virtualenv on a Debian ``python3`` image (``make image``'s Debian base imported by
-  :func:`imported_image`, or a :func:`debian_image` of its own), installed offline from wheels
-  ``pip wheel`` made on this machine at the version the tests' virtualenv has.
-  :class:`MotoContainer` runs it (``image``; by default it builds one) with
-  :class:`danube_ingest.testing.MotoServer`'s interface, its port mapped on loopback.
+  virtualenv on a Debian base with ``python3``, installed offline from wheels ``pip wheel``
+  made on this machine at the version the tests' virtualenv has. :class:`MotoContainer` runs
+  it with :class:`danube_ingest.testing.MotoServer`'s interface, its port mapped on loopback.
 
 The test fixtures use them when ``DANUBE_INGEST_SERVICES=containers`` (see ``tests/conftest.py``)
 and keep their child processes otherwise. Errors: :class:`ContainerError` naming the command
@@ -347,11 +347,6 @@ class KafkaContainer(_Container):
             self._dir = None
 
 
-#: Debian suite and mirror of :func:`debian_image` (``DEBIAN_MIRROR``, as ``make image``).
-DEBIAN_SUITE = "bookworm"
-DEBIAN_MIRROR = os.environ.get("DEBIAN_MIRROR") or "http://deb.debian.org/debian"
-
-
 _APT_CONTAINERFILE = """FROM {base}
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \\
     --no-install-recommends {packages} >/dev/null \\
@@ -359,54 +354,25 @@ RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq 
 """
 
 
-def debian_image(
-    service: PodmanService, name: str, packages: list[str], base: str | None = None
-) -> str:
-    """The tag of a Debian image with ``packages``, built unless podman's store has it: with
-    ``debootstrap`` (root; minbase and the packages), or on ``base`` (a Debian image of the
-    same suite, e.g. ``make image``'s base through :func:`imported_image`) by ``apt-get
-    install`` in one ``RUN`` step (about a third of a debootstrap's time). Not reproducible
-    bit for bit (a test service's image, rebuilt only when its package list or base changes);
-    ``ContainerError`` when debootstrap is missing or a step fails."""
-    described = f"{DEBIAN_SUITE} {sorted(packages)}" + (f" on {base}" if base else "")
-    key = hashlib.sha256(described.encode()).hexdigest()[:16]
+def debian_image(service: PodmanService, name: str, packages: list[str], base: str) -> str:
+    """The tag of an image with Debian's ``packages`` installed on ``base`` (a Debian image
+    with its sources list, e.g. ``make image``'s base through :func:`imported_image`) by
+    ``apt-get`` in one ``RUN`` step, built unless podman's store has it. Not reproducible bit
+    for bit (a test service's image, rebuilt only when its package list or base changes);
+    ``ContainerError`` when the build fails."""
+    key = hashlib.sha256(f"{sorted(packages)} on {base}".encode()).hexdigest()[:16]
     tag = f"localhost/danube-ingest-{name}:{key}"
     if service.podman("image", "exists", tag).returncode == 0:
         return tag
-    if base is not None:
-        with tempfile.TemporaryDirectory(prefix=f"danube-{name}-image-") as context:
-            containerfile = _APT_CONTAINERFILE.format(base=base, packages=" ".join(packages))
-            (Path(context) / "Containerfile").write_text(containerfile)
-            # (The host's network: apt-get reaches the base's Debian mirror.)
-            built = service.podman(
-                "build", "--quiet", "--network", "host", "--tag", tag, context, timeout=900
-            )
-        if built.returncode != 0:
-            raise ContainerError(f"building {tag} failed: {built.stderr.strip()[-2000:]}")
-        return tag
-    debootstrap = shutil.which("debootstrap")
-    if debootstrap is None or os.geteuid() != 0:
-        raise ContainerError(
-            f"building {tag} needs root and debootstrap: apt-get install debootstrap"
+    with tempfile.TemporaryDirectory(prefix=f"danube-{name}-image-") as context:
+        containerfile = _APT_CONTAINERFILE.format(base=base, packages=" ".join(packages))
+        (Path(context) / "Containerfile").write_text(containerfile)
+        # (The host's network: apt-get reaches the base's Debian mirror.)
+        built = service.podman(
+            "build", "--quiet", "--network", "host", "--tag", tag, context, timeout=900
         )
-    with tempfile.TemporaryDirectory(prefix=f"danube-{name}-rootfs-") as work:
-        rootfs = Path(work) / "rootfs"
-        made = subprocess.run(
-            [debootstrap, "--variant=minbase", f"--include={','.join(packages)}",
-             DEBIAN_SUITE, str(rootfs), DEBIAN_MIRROR],
-            capture_output=True, text=True, timeout=900, check=False,
-        )  # fmt: skip
-        if made.returncode != 0:
-            raise ContainerError(f"debootstrap for {tag} failed: {made.stderr[-2000:]}")
-        for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            for entry in (rootfs / cache).glob("*"):
-                if entry.is_file():
-                    entry.unlink()
-        layer = Path(work) / "rootfs.tar"
-        subprocess.run(["tar", "-C", str(rootfs), "-cf", str(layer), "."], check=True)
-        imported = service.podman("import", "--quiet", str(layer), tag)
-    if imported.returncode != 0:
-        raise ContainerError(f"importing {tag} failed: {imported.stderr.strip()[-2000:]}")
+    if built.returncode != 0:
+        raise ContainerError(f"building {tag} failed: {built.stderr.strip()[-2000:]}")
     return tag
 
 
@@ -416,7 +382,7 @@ POSTGRES_PACKAGES = ["postgresql"]
 
 class PostgresContainer(_Container):
     """PostgreSQL in a container of ``image``, a Debian image with :data:`POSTGRES_PACKAGES`
-    (by default ``debian_image(..., "postgres", POSTGRES_PACKAGES)``), ready once started: the
+    (``debian_image(..., "postgres", POSTGRES_PACKAGES, base)``), ready once started: the
     interface of :class:`danube_ingest.testing.LocalPostgres` (``url``, ``url_of``,
     ``create_database``), its port mapped on loopback."""
 
@@ -424,7 +390,7 @@ class PostgresContainer(_Container):
     user = "danube"
     database = "iceberg"
 
-    def __init__(self, service: PodmanService, image: str | None = None) -> None:
+    def __init__(self, service: PodmanService, image: str) -> None:
         self._service = service
         self._image = image
         self._container: Any = None
@@ -457,7 +423,7 @@ class PostgresContainer(_Container):
         os.environ.update(self._service.environment())  # (testcontainers reads them)
         from testcontainers.core.container import DockerContainer
 
-        image = self._image or debian_image(self._service, "postgres", POSTGRES_PACKAGES)
+        image = self._image
         binaries = "$(ls -d /usr/lib/postgresql/*/bin)"
         # (Clients come through podman's port mapping, from its bridge's address: trusted, as
         # LocalPostgres trusts loopback; the port is mapped on the host's loopback only.)
@@ -501,9 +467,6 @@ def imported_image(service: PodmanService, layer: Path, name: str) -> str:
     return tag
 
 
-#: The Debian packages a base of :func:`moto_image` must have.
-PYTHON_PACKAGES = ["python3", "python3-venv"]
-
 # (The wheels are bind-mounted for the one RUN step: one layer more than the base, not two.)
 _MOTO_CONTAINERFILE = """FROM {base}
 RUN --mount=type=bind,source=wheels,target=/tmp/wheels python3 -m venv /opt/moto \\
@@ -513,16 +476,13 @@ ENTRYPOINT ["/opt/moto/bin/moto_server"]
 """
 
 
-def moto_image(service: PodmanService, base: str | None = None) -> str:
-    """The tag of the moto image (module docstring), built unless podman's store has it, on
-    ``base`` (an image with :data:`PYTHON_PACKAGES`; by default ``debian_image`` of those,
-    which needs what :func:`debian_image` needs). Needs the ``moto`` this process imports
-    (the tests' virtualenv)."""
+def moto_image(service: PodmanService, base: str) -> str:
+    """The tag of the moto image (module docstring) on ``base`` (a Debian image with
+    ``python3`` and ``python3-venv``), built unless podman's store has it. Needs the ``moto`` this
+    process imports (the tests' virtualenv)."""
     from importlib.metadata import version
 
     moto = version("moto")
-    if base is None:
-        base = debian_image(service, "python", PYTHON_PACKAGES)
     with tempfile.TemporaryDirectory(prefix="danube-moto-image-") as context:
         wheels = Path(context) / "wheels"
         made = subprocess.run(
@@ -546,14 +506,12 @@ def moto_image(service: PodmanService, base: str | None = None) -> str:
 
 
 class MotoContainer(MotoServer):
-    """moto's S3 server in a container of ``image`` (:func:`moto_image`'s tag; built with its
-    defaults when not given): ``MotoServer``'s interface (``endpoint``, ``create_bucket``,
+    """moto's S3 server in a container of ``image`` (:func:`moto_image`'s tag):
+    ``MotoServer``'s interface (``endpoint``, ``create_bucket``,
     ``options``, ``log_text``), its port mapped on loopback. ``auth=True`` makes it check
     signatures, as ``MotoServer(auth=True)``."""
 
-    def __init__(
-        self, service: PodmanService, image: str | None = None, *, auth: bool = False
-    ) -> None:
+    def __init__(self, service: PodmanService, image: str, *, auth: bool = False) -> None:
         super().__init__(auth=auth)
         self._service = service
         self._image = image
@@ -563,8 +521,7 @@ class MotoContainer(MotoServer):
         os.environ.update(self._service.environment())  # (testcontainers reads them)
         from testcontainers.core.container import DockerContainer
 
-        image = self._image or moto_image(self._service)
-        container = DockerContainer(image, command="-H 0.0.0.0 -p 5000")
+        container = DockerContainer(self._image, command="-H 0.0.0.0 -p 5000")
         container = container.with_exposed_ports(5000)
         if self.auth:
             container = container.with_env("INITIAL_NO_AUTH_ACTION_COUNT", "0")

@@ -1,4 +1,4 @@
-"""Run by ``test_etcd_container.py`` and ``test_kafka_container.py`` in a pytest of their own
+"""Run by ``tests/containers/test_*_container.py`` in a pytest of their own
 with ``DANUBE_INGEST_SERVICES=containers`` (not collected otherwise: the name is not
 ``test_*``): the suite's ``etcd_server`` is served by a container, its client port mapped on
 loopback; its ``kafka_server`` by a container of the project's image on the host's network;
@@ -33,16 +33,20 @@ def _running(tmp_path: Path) -> list[dict[str, Any]]:
     return containers
 
 
+def _mapped_ports(tmp_path: Path, image_prefix: str = "") -> list[int]:
+    """The host ports that running containers of images named ``image_prefix...`` map."""
+    return [
+        mapping.get("host_port")
+        for container in _running(tmp_path)
+        if container["Image"].startswith(image_prefix)
+        for mapping in container.get("Ports") or []
+    ]
+
+
 def test_etcd_server_is_a_container(etcd_server: str, tmp_path: Path) -> None:
     assert os.environ[SERVICES_ENV] == "containers"
     port = int(etcd_server.rsplit(":", 1)[1])
-    running = _running(tmp_path)
-    ports = [
-        mapping.get("host_port")
-        for container in running
-        for mapping in container.get("Ports") or []
-    ]
-    assert port in ports, (etcd_server, running)
+    assert port in _mapped_ports(tmp_path, "localhost/danube-ingest-etcd:"), etcd_server
 
 
 def test_kafka_server_is_a_container(kafka_server: str, tmp_path: Path) -> None:
@@ -59,23 +63,11 @@ def test_kafka_server_is_a_container(kafka_server: str, tmp_path: Path) -> None:
 
 def test_postgres_server_is_a_container(postgres_server: Any, tmp_path: Path) -> None:
     assert os.environ[SERVICES_ENV] == "containers"
-    running = _running(tmp_path)
-    ports = [
-        mapping.get("host_port")
-        for container in running
-        if container["Image"].startswith("localhost/danube-ingest-postgres:")
-        for mapping in container.get("Ports") or []
-    ]
-    assert postgres_server.port in ports, (postgres_server.url, running)
+    ports = _mapped_ports(tmp_path, "localhost/danube-ingest-postgres:")
+    assert postgres_server.port in ports, (postgres_server.url, ports)
 
 
 def test_s3_server_is_a_container(s3_server: Any, tmp_path: Path) -> None:
     assert os.environ[SERVICES_ENV] == "containers"
-    running = _running(tmp_path)
-    ports = [
-        mapping.get("host_port")
-        for container in running
-        if container["Image"].startswith("localhost/danube-ingest-moto:")
-        for mapping in container.get("Ports") or []
-    ]
-    assert s3_server.port in ports, (s3_server.endpoint, running)
+    ports = _mapped_ports(tmp_path, "localhost/danube-ingest-moto:")
+    assert s3_server.port in ports, (s3_server.endpoint, ports)

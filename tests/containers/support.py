@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 from danube_ingest.containers import (
     POSTGRES_PACKAGES,
-    PYTHON_PACKAGES,
+    SERVICES_ENV,
     PodmanService,
     debian_image,
     imported_image,
@@ -25,6 +26,24 @@ from danube_ingest.containers import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def pytest_with_services_in_containers(*args: str, timeout: float) -> str:
+    """A child pytest of ``args`` with ``DANUBE_INGEST_SERVICES=containers`` (the suite's
+    fixtures start their services in containers); its output, once it passed with no test
+    failed."""
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=ROOT,
+        env={**os.environ, SERVICES_ENV: "containers"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout, run.stdout[-2000:]
+    return run.stdout
 
 
 def build(**env: str) -> str:
@@ -44,11 +63,12 @@ def build(**env: str) -> str:
 
 def debian_base(service: PodmanService) -> str:
     """``make image``'s Debian base (bookworm; python3 and venv among its packages) imported
-    from ``.deps/image``, the newest when there are several; a ``debian_image`` with Python of
-    its own (a debootstrap) when this tree has not built the image."""
+    from ``.deps/image`` (the newest when there are several), built first when this tree has
+    none."""
     tars = sorted((ROOT / ".deps" / "image").glob("base-*.tar"), key=lambda t: t.stat().st_mtime)
     if not tars:
-        return debian_image(service, "python", PYTHON_PACKAGES)
+        build()
+        return debian_base(service)
     return imported_image(service, tars[-1], "base")
 
 

@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from danube_ingest.containers import (
-    SERVICES_ENV,
     ContainerError,
     EtcdContainer,
     PodmanService,
@@ -26,10 +21,9 @@ from danube_ingest.containers import (
 )
 from danube_ingest.metadata import EtcdKV
 from danube_ingest.metadata.kv import Compare, Put
+from tests.containers.support import pytest_with_services_in_containers
 
 pytestmark = [pytest.mark.containers, pytest.mark.timeout(300)]
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +83,8 @@ def test_podman_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_the_suites_etcd_fixture_runs_in_a_container_when_asked() -> None:
     """The metadata store's contract tests, with ``etcd_server`` in a container: they pass, and
     the probe sees the server's port mapped by a container."""
-    env = {**os.environ, SERVICES_ENV: "containers"}
-    run = subprocess.run(
-        [
-            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-            "tests/metadata/test_kv_contract.py",
-            "tests/containers/fixture_probe.py::test_etcd_server_is_a_container",
-        ],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert "passed" in run.stdout and "failed" not in run.stdout
+    pytest_with_services_in_containers(
+        "tests/metadata/test_kv_contract.py",
+        "tests/containers/fixture_probe.py::test_etcd_server_is_a_container",
+        timeout=240,
+    )
