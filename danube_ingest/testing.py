@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -966,11 +966,25 @@ class LocalPostgres(_ServerProcess):
         """Stop the server (fast shutdown) and delete its directory. Idempotent."""
         if self.process is not None:
             if self.process.poll() is None:
-                self.process.send_signal(signal.SIGINT)
+                # The postmaster itself: ``runuser`` (when root) neither passes SIGINT on nor
+                # takes its child along when killed.
+                self._signal_server(signal.SIGINT)
                 try:
                     self.process.wait(timeout=20)
                 except subprocess.TimeoutExpired:
+                    self._signal_server(signal.SIGKILL)
                     self.process.kill()
                     self.process.wait()
             self.process = None
         self._remove_temp_dir()
+
+    def _signal_server(self, sig: signal.Signals) -> None:
+        """``sig`` to the postmaster (its pid is the first line of ``postmaster.pid``), or to
+        the child process when the file is not there (yet)."""
+        assert self.process is not None and self._temp_dir is not None
+        try:
+            pid = int((self._temp_dir / "data" / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pid = self.process.pid
+        with suppress(ProcessLookupError):
+            os.kill(pid, sig)

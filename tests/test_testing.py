@@ -1,16 +1,19 @@
 """``danube_ingest.testing.BrokerProcess(warm=True)``: each start after the first runs in the
 spare interpreter spawned after the previous start (a fresh process that only imported the
 code beforehand), a changed environment is never handed to a stale spare, and ``stop`` ends
-the spare. (The history checker has its own tests: test_testing_history.py.)"""
+the spare; a ``LocalPostgres`` stops its server at once. (The history checker has its own
+tests: test_testing_history.py.)"""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from danube_ingest.testing import BrokerProcess
+from danube_ingest.testing import BrokerProcess, LocalPostgres
 
 
 def test_a_warm_broker_restarts_in_its_spare_and_stop_ends_the_spare(
@@ -44,3 +47,18 @@ def test_a_warm_broker_restarts_in_its_spare_and_stop_ends_the_spare(
         broker.stop()
     assert all(spare.poll() is not None for spare in spares)
     assert broker.log_text().count("data directory locked dir=") >= 3
+
+
+@pytest.mark.postgres
+def test_a_local_postgres_stops_its_server_at_once() -> None:
+    """``stop`` ends the postmaster itself, within seconds: as root the server runs under
+    ``runuser``, which neither passes SIGINT on nor takes its child along when killed."""
+    server = LocalPostgres()
+    server.start()
+    assert server._temp_dir is not None
+    pid = int((server._temp_dir / "data" / "postmaster.pid").read_text().split()[0])
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < 10
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
