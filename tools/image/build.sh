@@ -115,7 +115,7 @@ if ! CONTAINERS_CONF=$conf podman $PODMAN_OPTS image exists "$tag"; then
 fi
 CONTAINERS_CONF=$conf podman $PODMAN_OPTS tag "$tag" localhost/danube-ingest:latest
 
-# 5. Older digests leave podman's store (each is a full copy under vfs): the newest KEEP stay.
+# 5. Older digests leave podman's store (each is a 1.6 GB layer of its own): the newest KEEP stay.
 keep=${DANUBE_INGEST_IMAGE_KEEP:-1}
 CONTAINERS_CONF=$conf podman $PODMAN_OPTS images --sort created --format '{{.Repository}}:{{.Tag}}' \
   localhost/danube-ingest | { grep -v -e ':latest$' -e ":$digest\$" || true; } | tail -n +"$keep" |
