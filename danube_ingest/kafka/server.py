@@ -145,8 +145,12 @@ def check_jars(jars_dir: Path) -> Path:
 
 def new_cluster_id() -> str:
     """A random cluster id in Kafka's form (a UUID as 22 characters of URL-safe base64),
-    what ``kafka-storage random-uuid`` prints."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    what ``kafka-storage random-uuid`` prints: like Kafka's, never one starting with ``-``,
+    which a command line would take for an option."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 class _Cancelled(Exception):
@@ -297,8 +301,8 @@ class KafkaServer:
             "kafka.tools.StorageTool",
             "WARN",
             "format",
-            "-t",
-            cluster_id,
+            # (One word: an id given to us may start with "-", which "-t ID" takes for an option.)
+            f"--cluster-id={cluster_id}",
             "-c",
             properties,
             flags=_FAST_JVM_FLAGS,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,21 @@ def test_a_new_cluster_id_has_kafkas_form() -> None:
         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
     )
     assert new_cluster_id() != cluster_id
+
+
+def test_a_new_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dash first (one id in 64) would read as an option on Kafka's command line: the
+    first UUID drawn here encodes to "-wAA...", so the next one is taken."""
+    drawn = iter([uuid.UUID(bytes=b"\xfb" + bytes(15)), uuid.UUID(bytes=bytes(16))])
+    monkeypatch.setattr(uuid, "uuid4", lambda: next(drawn))
+    assert new_cluster_id() == "A" * 22
+
+
+def test_storage_is_formatted_for_a_given_id_starting_with_a_dash(tmp_path: Path) -> None:
+    """An id from elsewhere may start with "-": the format command still takes it as the id."""
+    server = KafkaServer(tmp_path, 29092)
+    assert server.format_storage("-" + "A" * 21) == "-" + "A" * 21
+    assert server.cluster_id() == "-" + "A" * 21
 
 
 def test_storage_of_another_cluster_is_refused_and_kept(tmp_path: Path) -> None:
