@@ -205,20 +205,39 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+def _has_image(service: PodmanService, tag: str) -> bool:
+    return service.podman("image", "exists", tag).returncode == 0
+
+
+def _build(
+    service: PodmanService,
+    tag: str,
+    context: Path,
+    containerfile: str,
+    *options: str,
+    timeout: float = 300.0,
+) -> str:
+    """``podman build`` of ``containerfile`` (written into ``context``) as ``tag``, with
+    ``options`` (e.g. ``--network none``); ``tag``, or ``ContainerError`` with podman's output."""
+    (context / "Containerfile").write_text(containerfile)
+    built = service.podman(
+        "build", "--quiet", *options, "--tag", tag, str(context), timeout=timeout
+    )
+    if built.returncode != 0:
+        raise ContainerError(f"building {tag} failed: {built.stderr.strip()[-2000:]}")
+    return tag
+
+
 def etcd_image(service: PodmanService) -> str:
     """The tag of the etcd image, built unless podman's store has it (module docstring)."""
     binary = find_etcd_binary()
     digest = hashlib.sha256(binary.read_bytes() + _ETCD_CONTAINERFILE.encode()).hexdigest()
     tag = f"localhost/danube-ingest-etcd:{digest[:16]}"
-    if service.podman("image", "exists", tag).returncode == 0:
+    if _has_image(service, tag):
         return tag
     with tempfile.TemporaryDirectory(prefix="danube-etcd-image-") as context:
         shutil.copy2(binary, Path(context) / "etcd")
-        (Path(context) / "Containerfile").write_text(_ETCD_CONTAINERFILE)
-        built = service.podman("build", "--quiet", "--tag", tag, context)
-    if built.returncode != 0:
-        raise ContainerError(f"building {tag} failed: {built.stderr.strip()[-2000:]}")
-    return tag
+        return _build(service, tag, Path(context), _ETCD_CONTAINERFILE)
 
 
 class _Container(_ServerProcess):
@@ -363,18 +382,12 @@ def debian_image(service: PodmanService, name: str, packages: list[str], base: s
     ``ContainerError`` when the build fails."""
     key = hashlib.sha256(f"{sorted(packages)} on {base}".encode()).hexdigest()[:16]
     tag = f"localhost/danube-ingest-{name}:{key}"
-    if service.podman("image", "exists", tag).returncode == 0:
+    if _has_image(service, tag):
         return tag
+    containerfile = _APT_CONTAINERFILE.format(base=base, packages=" ".join(packages))
     with tempfile.TemporaryDirectory(prefix=f"danube-{name}-image-") as context:
-        containerfile = _APT_CONTAINERFILE.format(base=base, packages=" ".join(packages))
-        (Path(context) / "Containerfile").write_text(containerfile)
         # (The host's network: apt-get reaches the base's Debian mirror.)
-        built = service.podman(
-            "build", "--quiet", "--network", "host", "--tag", tag, context, timeout=900
-        )
-    if built.returncode != 0:
-        raise ContainerError(f"building {tag} failed: {built.stderr.strip()[-2000:]}")
-    return tag
+        return _build(service, tag, Path(context), containerfile, "--network", "host", timeout=900)
 
 
 #: The packages of PostgresContainer's image (``debian_image(..., "postgres", ...)``).
@@ -424,7 +437,6 @@ class PostgresContainer(_Container):
         os.environ.update(self._service.environment())  # (testcontainers reads them)
         from testcontainers.core.container import DockerContainer
 
-        image = self._image
         binaries = "$(ls -d /usr/lib/postgresql/*/bin)"
         # (Clients come through podman's port mapping, from its bridge's address: trusted, as
         # LocalPostgres trusts loopback; the port is mapped on the host's loopback only.)
@@ -434,7 +446,7 @@ class PostgresContainer(_Container):
             "&& exec $B/postgres -D /tmp/pg -k /tmp "
             "-c listen_addresses=* -c fsync=off -c full_page_writes=off"
         )
-        container = DockerContainer(image, command=["sh", "-c", script])  # type: ignore[arg-type]
+        container = DockerContainer(self._image, command=["sh", "-c", script])  # type: ignore[arg-type]
         container = container.with_kwargs(user="postgres").with_exposed_ports(5432)
         self._container = container.start()
         self.port = int(container.get_exposed_port(5432))
@@ -460,7 +472,7 @@ def imported_image(service: PodmanService, layer: Path, name: str) -> str:
     stat = layer.stat()
     key = hashlib.sha256(f"{layer.name} {stat.st_size}".encode()).hexdigest()[:16]
     tag = f"localhost/danube-ingest-{name}:{key}"
-    if service.podman("image", "exists", tag).returncode == 0:
+    if _has_image(service, tag):
         return tag
     imported = service.podman("import", "--quiet", str(layer), tag)
     if imported.returncode != 0:
@@ -497,13 +509,9 @@ def moto_image(service: PodmanService, base: str) -> str:
         names = sorted(p.name for p in wheels.iterdir())
         key = hashlib.sha256("\n".join([containerfile, *names]).encode()).hexdigest()[:16]
         tag = f"localhost/danube-ingest-moto:{key}"
-        if service.podman("image", "exists", tag).returncode == 0:
+        if _has_image(service, tag):
             return tag
-        (Path(context) / "Containerfile").write_text(containerfile)
-        built = service.podman("build", "--quiet", "--network", "none", "--tag", tag, context)
-    if built.returncode != 0:
-        raise ContainerError(f"building {tag} failed: {built.stderr.strip()[-2000:]}")
-    return tag
+        return _build(service, tag, Path(context), containerfile, "--network", "none")
 
 
 class MotoContainer(MotoServer):

@@ -56,6 +56,10 @@ if TYPE_CHECKING:
 _EARLY_PRODUCTION = pytest.StashKey[bool]()
 
 
+def _uses_produced(item: pytest.Item) -> bool:
+    return "produced" in getattr(item, "fixturenames", ())
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Container tests collected: build their image in the background from now on
     (``tests.containers.support``), overlapping the tests that run before them. A test using
@@ -66,7 +70,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         from tests.containers.support import start_background_builds
 
         start_background_builds()
-    if any("produced" in getattr(item, "fixturenames", ()) for item in session.items):
+    if any(_uses_produced(item) for item in session.items):
         session.config.stash[_EARLY_PRODUCTION] = True
 
 
@@ -74,7 +78,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # A module with a test using ``produced`` runs after its directory's other modules, so the
     # production's minute boundaries pass while those run.
     directories: dict[Path, int] = {}
-    late = {item.path for item in items if "produced" in getattr(item, "fixturenames", ())}
+    late = {item.path for item in items if _uses_produced(item)}
     items.sort(
         key=lambda i: (directories.setdefault(i.path.parent, len(directories)), i.path in late)
     )
@@ -227,13 +231,7 @@ def _production(request: pytest.FixtureRequest) -> Iterator[_Production | None]:
 
 
 @pytest.fixture(scope="session")
-def produced(
-    _production: _Production | None, etcd_server: str, tmp_path_factory: pytest.TempPathFactory
-) -> Produced:
+def produced(_production: _Production | None) -> Produced:
     """The real daemon's output for three topics (see the module docstring)."""
-    if _production is not None:
-        return _production.result()
-    # Imported here: the daemon support pulls in danube-client, which most tests never need.
-    from tests.analytics.daemon_support import produce_topics
-
-    return produce_topics(etcd_server, tmp_path_factory.mktemp("daemon"))
+    assert _production is not None, "produced is started only for tests that name it"
+    return _production.result()
